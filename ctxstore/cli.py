@@ -1,0 +1,26 @@
+"""The ``ctxstore`` command. ``ctxstore serve`` runs a node (needs the ``server`` extra)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: ctxstore serve [options]   (ctxstore serve --help lists them)")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        try:
+            from ctxstore_server.serve import main as serve
+        except ImportError as exc:
+            print(f"ctxstore serve needs the server extra: pip install 'ctxstore[server]' ({exc})", file=sys.stderr)
+            return 2
+        return serve(rest)
+    print(f"ctxstore: unknown command {command!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+# Shared by scripts/serve and scripts/test: create or refresh a virtual environment
+# (.venv by default) with the given extra installed. Re-installs only when pyproject.toml changed.
+set -euo pipefail
+ensure_venv() {
+    local extra="$1"
+    local root; root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    local venv="${CTXSTORE_VENV:-$root/.venv}"
+    local py="${PYTHON:-python3}"
+    if [ ! -x "$venv/bin/python" ]; then
+        "$py" -m venv "$venv"
+    fi
+    local stamp="$venv/.ctxstore-$extra"
+    local want; want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
+        "$venv/bin/python" -m pip install --quiet -e "$root[$extra]"
+        echo "$want" > "$stamp"
+    fi
+    VENV="$venv"
+}

@@ -1,0 +1,90 @@
+"""The node's ASGI application: S3 at the root, ctxstore's own APIs under the reserved ``/_ctx/`` prefix
+(``_`` cannot start a bucket name, so no bucket can shadow them), and the background housekeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from .asgi import Receive, Scope, Send, send_response
+from .engine.store import Engine, EngineConfig
+from .s3.service import S3Service
+from .settings import Settings
+from .tenants import TenantRegistry
+
+log = logging.getLogger("ctxstore")
+
+RESERVED_PREFIX = "/_ctx/"
+HOUSEKEEPING_INTERVAL = 0.25  # seconds between bounded reaping passes
+HOUSEKEEPING_BATCH = 5000  # expired objects dropped per pass at most
+
+
+def engine_config(settings: Settings) -> EngineConfig:
+    return EngineConfig(
+        budget=settings.memory,
+        default_ttl=settings.default_ttl,
+        max_ttl=settings.max_ttl,
+        max_pin=settings.max_pin,
+        max_object_size=settings.max_object_size,
+        min_part_size=settings.min_part_size,
+        upload_ttl=settings.upload_ttl,
+    )
+
+
+class App:
+    """One ctxstore node."""
+
+    def __init__(self, settings: Settings, tenants: TenantRegistry, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.tenants = tenants
+        self.engine = engine or Engine(engine_config(settings))
+        self.s3 = S3Service(self.engine, tenants.lookup, settings)
+        self.started = time.time()
+        self.draining = False
+        self._housekeeper: asyncio.Task[None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if scope["path"].startswith(RESERVED_PREFIX):
+                await self._reserved(scope, receive, send)
+            else:
+                await self.s3(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _reserved(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        if path in ("/_ctx/health/live", "/_ctx/health/ready") and scope["method"] in ("GET", "HEAD"):
+            ok = path.endswith("live") or not self.draining
+            body = b'{"status":"ok"}' if ok else b'{"status":"draining"}'
+            await send_response(send, 200 if ok else 503, [("content-type", "application/json")], body,
+                                head=scope["method"] == "HEAD")
+            return
+        await send_response(send, 404, [("content-type", "application/json")], b'{"error":"no such endpoint"}')
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._housekeeper = asyncio.create_task(self._housekeeping())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.draining = True
+                if self._housekeeper is not None:
+                    self._housekeeper.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._housekeeper
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _housekeeping(self) -> None:
+        """Reclaim expired objects and stale uploads in bounded passes."""
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            try:
+                self.engine.reap(HOUSEKEEPING_BATCH)
+            except Exception:  # never let housekeeping die silently
+                log.exception("housekeeping pass failed")

@@ -1,0 +1,138 @@
+"""A lean request/response layer over raw ASGI, shared by the S3 and bulk data paths.
+
+Starlette's routing costs about half the small-request throughput on these machines (see
+docs/architecture.md), so the data path reads the ASGI scope directly and sends memoryviews of stored
+payloads without copying them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+from urllib.parse import unquote
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+# Large payloads go out in slices so the server's write flow control can pause us between them.
+SEND_SLICE = 1 << 20
+
+_REQUEST_IDS = itertools.count(1)
+_NODE_TAG = os.urandom(3).hex().upper()
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body was complete: nothing to answer, nothing stored."""
+
+
+class BodyTimeout(Exception):
+    """The client stalled while sending its body."""
+
+
+class Request:
+    """One HTTP request: method, raw and decoded path, query pairs, lowercase headers, body receive."""
+
+    __slots__ = (
+        "scope", "receive", "method", "raw_path", "query_string", "query", "headers", "request_id",
+        "body_started", "body_done", "body_timeout",
+    )
+
+    def __init__(self, scope: Scope, receive: Receive, body_timeout: float = 30.0) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.method: str = scope["method"]
+        raw = scope.get("raw_path")
+        self.raw_path: str = raw.decode("latin-1") if raw else scope["path"]
+        self.query_string: bytes = scope.get("query_string", b"")
+        self.query: dict[str, str] = parse_query(self.query_string)
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1")
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]},{text}" if key in headers else text
+        self.headers = headers
+        self.request_id = f"{_NODE_TAG}{next(_REQUEST_IDS):013X}"
+        self.body_started = False
+        self.body_done = False
+        self.body_timeout = body_timeout
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name, default)
+
+    async def chunks(self) -> Any:
+        """Yield the body as it arrives. Raises ClientDisconnected, or BodyTimeout after a stall."""
+        self.body_started = True
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(self.body_timeout) as deadline:
+            while True:
+                message = await self.receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnected()
+                body = message.get("body", b"")
+                more = message.get("more_body", False)
+                if not more:
+                    self.body_done = True
+                if body:
+                    yield body
+                if not more:
+                    return
+                deadline.reschedule(loop.time() + self.body_timeout)
+
+    async def read_all(self, limit: int) -> bytes | None:
+        """The whole (small) body, or None if it exceeds ``limit`` bytes (the rest is left unread)."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in self.chunks():
+                size += len(chunk)
+                if size > limit:
+                    return None
+                parts.append(chunk)
+        except TimeoutError:
+            raise BodyTimeout() from None
+        return b"".join(parts)
+
+
+def parse_query(raw: bytes) -> dict[str, str]:
+    """Query parameters, percent-decoded; ``+`` stays a plus sign (S3 clients encode spaces as %20)."""
+    out: dict[str, str] = {}
+    if not raw:
+        return out
+    for pair in raw.decode("latin-1").split("&"):
+        if not pair:
+            continue
+        name, _, value = pair.partition("=")
+        name = unquote(name, encoding="utf-8", errors="replace")
+        out.setdefault(name, unquote(value, encoding="utf-8", errors="replace"))
+    return out
+
+
+async def send_response(
+    send: Send,
+    status: int,
+    headers: Iterable[tuple[str, str]],
+    body: bytes | memoryview = b"",
+    *,
+    head: bool = False,
+    content_length: int | None = None,
+) -> None:
+    """Send a complete response. ``head``: headers only (Content-Length still describes the body)."""
+    length = len(body) if content_length is None else content_length
+    raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    raw_headers.append((b"content-length", str(length).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    if head or not body:
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if len(body) <= SEND_SLICE:
+        await send({"type": "http.response.body", "body": body})
+        return
+    view = memoryview(body)
+    for start in range(0, len(view), SEND_SLICE):
+        end = start + SEND_SLICE
+        await send({"type": "http.response.body", "body": view[start:end], "more_body": end < len(view)})

@@ -1,0 +1,141 @@
+"""The records the engine keeps: stored objects, buckets, multipart uploads and their counters."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Union
+
+from sortedcontainers import SortedDict
+
+# A payload as stored: written once when the upload completes, never mutated afterwards, so readers may send
+# memoryview slices of it without copying.
+Payload = Union[bytes, bytearray]
+
+# Fixed bytes charged per object on top of its payload, key and metadata: the Python objects that hold it
+# (the record with its slots, the sorted-index and LRU entries, the expiry-heap tuple). Measured with
+# tracemalloc by benchmarks/object_overhead.py; the figure is in docs/architecture.md.
+OBJECT_OVERHEAD = 600
+
+
+class StoredObject:
+    """One live object. Immutable once committed except for access bookkeeping (LRU, pins, TTL)."""
+
+    __slots__ = (
+        "bucket", "key", "data", "size", "etag", "xxh3", "created", "ttl", "expires_at", "pinned_until",
+        "content_type", "headers", "user_meta", "checksums", "parts_count", "charge", "live",
+    )
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        key: str,
+        data: Payload,
+        etag: str,
+        xxh3: int,
+        created: float,
+        ttl: float,
+        content_type: str,
+        headers: dict[str, str],
+        user_meta: dict[str, str],
+        checksums: dict[str, str],
+        parts_count: int = 0,
+    ) -> None:
+        self.bucket = bucket
+        self.key = key
+        self.data = data
+        self.size = len(data)
+        self.etag = etag  # quoted S3 ETag, e.g. '"9b2cf535f27731c974343645a3985328"'
+        self.xxh3 = xxh3  # XXH3-64 of the payload, computed by the engine on write
+        self.created = created
+        self.ttl = ttl  # seconds of life granted on write; sliding buckets re-grant it on read
+        self.expires_at = created + ttl
+        self.pinned_until = 0.0
+        self.content_type = content_type
+        self.headers = headers  # stored response headers: cache-control, content-disposition, ...
+        self.user_meta = user_meta  # x-amz-meta-* without the prefix, lowercase names
+        self.checksums = checksums  # algorithm -> base64 digest the client supplied (x-amz-checksum-*)
+        self.parts_count = parts_count
+        self.charge = object_charge(key, data, headers, user_meta, checksums)
+        self.live = True  # False once removed: stale heap entries and lingering readers check it
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at <= now
+
+    def pinned(self, now: float) -> bool:
+        return self.pinned_until > now
+
+
+def object_charge(
+    key: str, data: Payload, headers: dict[str, str], user_meta: dict[str, str], checksums: dict[str, str]
+) -> int:
+    """Bytes an object counts against the budget: payload, key, metadata and the fixed per-object overhead."""
+    meta = sum(len(k) + len(v) for d in (headers, user_meta, checksums) for k, v in d.items())
+    return len(data) + len(key.encode()) + meta + OBJECT_OVERHEAD
+
+
+@dataclass
+class BucketStats:
+    """Counters per bucket. ``objects`` and ``bytes`` are levels; the others only grow (until reset)."""
+
+    objects: int = 0
+    bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    deletes: int = 0
+    evictions: int = 0
+    expirations: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Bucket:
+    """A namespace owned by one tenant; its keys are kept sorted (code-point order = UTF-8 byte order)."""
+
+    name: str
+    owner: str
+    created: float
+    default_ttl: float | None = None  # falls back to the server default
+    sliding_ttl: bool = False  # reads push the expiry forward by the object's TTL class
+    objects: SortedDict = field(default_factory=SortedDict)  # key -> StoredObject
+    stats: BucketStats = field(default_factory=BucketStats)
+
+
+@dataclass
+class Part:
+    """One uploaded part of a multipart upload."""
+
+    number: int
+    data: Payload
+    etag: str  # quoted MD5 hex
+    md5: bytes
+    last_modified: float
+    checksums: dict[str, str]
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass
+class Upload:
+    """A multipart upload in progress. Its parts count against the budget until it completes or aborts."""
+
+    upload_id: str
+    bucket: str
+    key: str
+    owner: str
+    created: float
+    ttl: float | None
+    content_type: str
+    headers: dict[str, str]
+    user_meta: dict[str, str]
+    checksum_algorithm: str | None = None
+    parts: dict[int, Part] = field(default_factory=dict)
+    charged: int = 0  # bytes of parts counted in the engine's used total

@@ -1,0 +1,112 @@
+"""Reading an object (or part) upload body: plain or aws-chunked, into one buffer of the declared size,
+verifying every digest the client sent before anything is committed."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+
+from ..asgi import BodyTimeout, Request
+from ..engine.store import Engine, Reservation
+from .auth import AuthContext
+from .checksums import Checksum, parse_content_md5, requested_checksums, trailer_algorithm, verify
+from .chunked import AwsChunkedDecoder
+from .errors import S3Error
+
+
+@dataclass
+class UploadBody:
+    """A verified body: the buffer, its MD5 and the checksums to store (algorithm → base64)."""
+
+    data: bytearray
+    md5: bytes
+    checksums: dict[str, str] = field(default_factory=dict)
+    reservation: Reservation | None = None
+
+
+def declared_length(req: Request, auth: AuthContext, max_size: int) -> int:
+    """The decoded body length the client announced; checked before a byte of it is read."""
+    streaming = auth.payload.startswith("streaming")
+    name = "x-amz-decoded-content-length" if streaming else "content-length"
+    raw = req.headers.get(name)
+    if raw is None:
+        raise S3Error("MissingContentLength", f"You must provide the {name} HTTP header.")
+    if not raw.strip().isdigit():
+        raise S3Error("InvalidArgument", f"{name} must be a non-negative integer",
+                      extra={"ArgumentName": name, "ArgumentValue": raw})
+    length = int(raw)
+    if length > max_size:
+        raise S3Error("EntityTooLarge", extra={"ProposedSize": str(length), "MaxSizeAllowed": str(max_size)})
+    return length
+
+
+async def read_upload(req: Request, auth: AuthContext, engine: Engine, max_size: int) -> UploadBody:
+    """Reserve room, read the whole body into one buffer, verify it. Raises S3Error; stores nothing."""
+    length = declared_length(req, auth, max_size)
+    content_md5 = req.headers.get("content-md5")
+    expected_md5 = parse_content_md5(content_md5) if content_md5 is not None else None
+    expected = requested_checksums(req.headers)
+    trailer = trailer_algorithm(req.headers)
+    streaming = auth.payload.startswith("streaming")
+    if trailer is not None and not auth.payload.endswith("trailer"):
+        raise S3Error("InvalidRequest", "x-amz-trailer requires a STREAMING-*-TRAILER payload")
+    hashers = {alg: Checksum(alg) for alg in [*expected, *([trailer] if trailer else [])]}
+    sha256 = hashlib.sha256() if auth.payload == "sha256" else None
+    md5 = hashlib.md5()
+    decoder = (AwsChunkedDecoder(signer=auth.chunk_signer, expect_trailer=auth.payload.endswith("trailer"))
+               if streaming else None)
+
+    reservation = engine.reserve(length)
+    try:
+        data = bytearray(length)
+        view = memoryview(data)
+        pos = 0
+        try:
+            async for chunk in req.chunks():
+                pieces = decoder.feed(chunk) if decoder is not None else (chunk,)
+                for piece in pieces:
+                    end = pos + len(piece)
+                    if end > length:
+                        raise S3Error("IncompleteBody", "The body is longer than the declared length.")
+                    view[pos:end] = piece
+                    md5.update(piece)
+                    if sha256 is not None:
+                        sha256.update(piece)
+                    for hasher in hashers.values():
+                        hasher.update(piece)
+                    pos = end
+        except TimeoutError:
+            raise BodyTimeout() from None
+        trailers = decoder.finish() if decoder is not None else {}
+        if pos != length:
+            raise S3Error("IncompleteBody")
+        digest = md5.digest()
+        if expected_md5 is not None and not hmac.compare_digest(expected_md5, digest):
+            raise S3Error("BadDigest", "The Content-MD5 you specified did not match what we received.")
+        if sha256 is not None and sha256.hexdigest() != (auth.content_sha256 or "").lower():
+            raise S3Error("XAmzContentSHA256Mismatch",
+                          extra={"ClientComputedContentSHA256": auth.content_sha256 or "",
+                                 "S3ComputedContentSHA256": sha256.hexdigest()})
+        if trailer is not None:
+            sent = requested_checksums(trailers)
+            if trailer not in sent:
+                raise S3Error("InvalidRequest", f"The trailer x-amz-checksum-{trailer} is missing.")
+            expected[trailer] = sent[trailer]
+        stored: dict[str, str] = {}
+        for alg, value in expected.items():
+            verify(hashers[alg], value)
+            stored[alg] = hashers[alg].b64digest()
+        return UploadBody(data=data, md5=digest, checksums=stored, reservation=reservation)
+    except BaseException:
+        reservation.release()
+        raise
+
+
+def md5_etag(md5: bytes) -> str:
+    return f'"{md5.hex()}"'
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")

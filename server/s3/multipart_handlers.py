@@ -1,0 +1,127 @@
+"""Multipart uploads: CreateMultipartUpload, UploadPart, CompleteMultipartUpload, AbortMultipartUpload,
+ListParts. Parts count against the budget; an upload left unfinished is dropped after ``upload_ttl``."""
+
+from __future__ import annotations
+
+import base64
+
+from .body import read_upload
+from .call import Call, Response, xml_response
+from .checksums import ALGORITHMS, Checksum
+from .errors import S3Error
+from .object_handlers import write_conditions
+from .objectmeta import expires_at_header, metadata_from_headers, requested_ttl
+from .xml import Node, child_text, document, iso8601, parse
+
+
+def _part_number(call: Call) -> int:
+    raw = call.req.query.get("partNumber", "")
+    if not raw.isdigit():
+        raise S3Error("InvalidArgument", "Part number must be an integer between 1 and 10000, inclusive",
+                      extra={"ArgumentName": "partNumber", "ArgumentValue": raw})
+    return int(raw)
+
+
+async def create_multipart_upload(call: Call) -> Response:
+    req = call.req
+    ttl = requested_ttl(req.headers)
+    content_type, stored, user_meta = metadata_from_headers(req.headers)
+    algorithm = (req.headers.get("x-amz-checksum-algorithm") or "").lower() or None
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise S3Error("InvalidRequest", f"Checksum algorithm {algorithm} is not supported.")
+    upload = call.engine.create_upload(
+        call.tenant, call.bucket or "", call.key or "", ttl=ttl, content_type=content_type, headers=stored,
+        user_meta=user_meta, checksum_algorithm=algorithm,
+    )
+    headers = [("x-amz-checksum-algorithm", algorithm.upper())] if algorithm else []
+    body = document("InitiateMultipartUploadResult", [
+        ("Bucket", call.bucket), ("Key", call.key), ("UploadId", upload.upload_id),
+    ])
+    return xml_response(body, headers=headers)
+
+
+async def upload_part(call: Call) -> Response:
+    number = _part_number(call)
+    upload_id = call.req.query["uploadId"]
+    engine = call.engine
+    engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)  # fail before reading the body
+    body = await read_upload(call.req, call.auth, engine, call.service.settings.max_object_size)
+    part = engine.put_part(
+        call.tenant, call.bucket or "", call.key or "", upload_id, number, body.data, md5=body.md5,
+        checksums=body.checksums, reservation=body.reservation,
+    )
+    headers = [("etag", part.etag)] + [(f"x-amz-checksum-{a}", v) for a, v in part.checksums.items()]
+    return Response(200, headers)
+
+
+def _composite_checksums(call: Call, upload_id: str, numbers: list[int]) -> dict[str, str]:
+    """S3's composite checksum of a multipart object: the checksum of the parts' checksums, plus ``-N``."""
+    upload = call.engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)
+    algorithm = upload.checksum_algorithm
+    parts = [upload.parts.get(n) for n in numbers]
+    if algorithm is None or any(p is None or algorithm not in p.checksums for p in parts):
+        return {}
+    combined = Checksum(algorithm)
+    for part in parts:
+        assert part is not None
+        combined.update(base64.b64decode(part.checksums[algorithm]))
+    return {algorithm: f"{combined.b64digest()}-{len(parts)}"}
+
+
+async def complete_multipart_upload(call: Call) -> Response:
+    upload_id = call.req.query["uploadId"]
+    call.engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)
+    root = parse(await call.service.read_xml(call))
+    if root.tag != "CompleteMultipartUpload":
+        raise S3Error("MalformedXML")
+    parts: list[tuple[int, str]] = []
+    for element in root.findall("Part"):
+        number, etag = child_text(element, "PartNumber"), child_text(element, "ETag")
+        if number is None or etag is None or not number.strip().isdigit():
+            raise S3Error("MalformedXML")
+        parts.append((int(number), etag))
+    if not parts:
+        raise S3Error("MalformedXML", "You must specify at least one part.")
+    if_none_match, if_match = write_conditions(call.req.headers)
+    checksums = _composite_checksums(call, upload_id, [n for n, _ in parts])
+    obj = call.engine.complete_upload(
+        call.tenant, call.bucket or "", call.key or "", upload_id, parts,
+        if_none_match=if_none_match, if_match=if_match, checksums=checksums,
+    )
+    children: list[Node] = [
+        ("Location", f"/{call.bucket}/{call.key}"), ("Bucket", call.bucket), ("Key", call.key), ("ETag", obj.etag),
+    ]
+    children += [(f"Checksum{alg.upper()}", v) for alg, v in obj.checksums.items()]
+    return xml_response(document("CompleteMultipartUploadResult", children),
+                        headers=[("x-ctx-expires-at", expires_at_header(obj))])
+
+
+async def abort_multipart_upload(call: Call) -> Response:
+    call.engine.abort_upload(call.tenant, call.bucket or "", call.key or "", call.req.query["uploadId"])
+    return Response(204)
+
+
+async def list_parts(call: Call) -> Response:
+    upload_id = call.req.query["uploadId"]
+    upload = call.engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)
+    marker_raw = call.req.query.get("part-number-marker", "0") or "0"
+    max_raw = call.req.query.get("max-parts", "1000") or "1000"
+    if not marker_raw.isdigit() or not max_raw.isdigit():
+        raise S3Error("InvalidArgument", "part-number-marker and max-parts must be non-negative integers")
+    marker, max_parts = int(marker_raw), min(int(max_raw), 1000)
+    numbers = sorted(n for n in upload.parts if n > marker)
+    page, truncated = numbers[:max_parts], len(numbers) > max_parts
+    children: list[Node] = [
+        ("Bucket", call.bucket), ("Key", call.key), ("UploadId", upload_id),
+        ("PartNumberMarker", marker), ("NextPartNumberMarker", page[-1] if page else marker),
+        ("MaxParts", max_parts), ("IsTruncated", truncated), ("StorageClass", "STANDARD"),
+    ]
+    if upload.checksum_algorithm:
+        children.append(("ChecksumAlgorithm", upload.checksum_algorithm.upper()))
+    for n in page:
+        part = upload.parts[n]
+        nodes: list[Node] = [("PartNumber", n), ("LastModified", iso8601(part.last_modified)),
+                             ("ETag", part.etag), ("Size", part.size)]
+        nodes += [(f"Checksum{a.upper()}", v) for a, v in part.checksums.items()]
+        children.append(("Part", nodes))
+    return xml_response(document("ListPartsResult", children))

@@ -1,0 +1,199 @@
+"""The settings table: one row per setting (name, type, default, env var, help, runtime-mutable).
+
+The table drives the ``ctxstore serve`` flags, the environment variables and docs/configuration.md
+(``python -m ctxstore_server.settings`` regenerates it). Precedence: flag, then environment, then default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_size(text: str) -> int:
+    """``4GiB`` → 4294967296; ``512MB`` → 512000000; a bare number is bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 1048576, 512MiB, 4GiB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+
+
+def parse_duration(text: str) -> float:
+    """``90`` or ``90s`` → 90.0; ``5m``, ``2h``, ``7d``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdSMHD]?)\s*", str(text))
+    if not match:
+        raise ValueError(f"not a duration: {text!r} (examples: 30, 30s, 5m, 2h, 7d)")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def parse_bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+@dataclass(frozen=True)
+class SettingType:
+    name: str
+    parse: Callable[[str], Any]
+
+
+STR = SettingType("string", str)
+INT = SettingType("integer", int)
+SIZE = SettingType("size", parse_size)
+DURATION = SettingType("duration", parse_duration)
+BOOL = SettingType("boolean", parse_bool)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # attribute name; the flag is --name-with-dashes
+    type: SettingType
+    default: Any
+    env: str
+    help: str
+    mutable: bool = False  # may change at run time through the admin API
+    flag: bool = True  # secrets come from the environment only, never from argv (visible in ps)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", STR, "127.0.0.1", "CTXSTORE_HOST",
+            "Address to bind. A non-loopback address requires configured credentials."),
+    Setting("port", INT, 9000, "CTXSTORE_PORT", "TCP port for S3 (and the other APIs under reserved prefixes)."),
+    Setting("memory", SIZE, 1 << 30, "CTXSTORE_MEMORY",
+            "Byte budget for stored objects, multipart parts and uploads in flight (e.g. 4GiB).", mutable=True),
+    Setting("default_ttl", DURATION, 3600.0, "CTXSTORE_DEFAULT_TTL",
+            "TTL of an object whose request and bucket name none.", mutable=True),
+    Setting("max_ttl", DURATION, 7 * 86400.0, "CTXSTORE_MAX_TTL", "Upper bound on every TTL.", mutable=True),
+    Setting("max_pin", DURATION, 86400.0, "CTXSTORE_MAX_PIN", "Upper bound on a pin's duration."),
+    Setting("region", STR, "us-east-1", "CTXSTORE_REGION", "Region reported by GetBucketLocation."),
+    Setting("domain", STR, "", "CTXSTORE_DOMAIN",
+            "Enables virtual-hosted-style requests: Host `<bucket>.<domain>` addresses that bucket."),
+    Setting("access_key", STR, "", "CTXSTORE_ACCESS_KEY", "Access key of the default tenant.", flag=False),
+    Setting("secret_key", STR, "", "CTXSTORE_SECRET_KEY", "Secret key of the default tenant.", flag=False),
+    Setting("tenants_file", STR, "", "CTXSTORE_TENANTS_FILE",
+            "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ...}]."),
+    Setting("max_object_size", SIZE, 5 << 30, "CTXSTORE_MAX_OBJECT_SIZE", "Largest object or part body accepted."),
+    Setting("min_part_size", SIZE, 5 << 20, "CTXSTORE_MIN_PART_SIZE",
+            "Smallest multipart part except the last (S3 uses 5 MiB)."),
+    Setting("upload_ttl", DURATION, 3600.0, "CTXSTORE_UPLOAD_TTL",
+            "An unfinished multipart upload is dropped (and its memory freed) after this."),
+    Setting("max_xml_size", SIZE, 1 << 20, "CTXSTORE_MAX_XML_SIZE", "Largest XML request body."),
+    Setting("max_header_size", SIZE, 64 << 10, "CTXSTORE_MAX_HEADER_SIZE",
+            "Largest request line plus headers; bigger requests get 400 and the connection closes."),
+    Setting("body_timeout", DURATION, 30.0, "CTXSTORE_BODY_TIMEOUT",
+            "A request body that stalls this long fails with RequestTimeout."),
+    Setting("keepalive_timeout", DURATION, 30.0, "CTXSTORE_KEEPALIVE_TIMEOUT",
+            "Idle keep-alive connections close after this."),
+    Setting("drain_timeout", DURATION, 30.0, "CTXSTORE_DRAIN_TIMEOUT",
+            "On SIGTERM, in-flight requests get this long to finish."),
+    Setting("tls_cert", STR, "", "CTXSTORE_TLS_CERT", "PEM certificate: serve HTTPS (with --tls-key)."),
+    Setting("tls_key", STR, "", "CTXSTORE_TLS_KEY", "PEM private key for --tls-cert."),
+    Setting("log_level", STR, "info", "CTXSTORE_LOG_LEVEL", "debug, info, warning or error."),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+class Settings:
+    """Resolved settings: attribute access by name (``settings.memory``)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        unknown = set(values) - set(_BY_NAME)
+        if unknown:
+            raise ValueError(f"unknown settings: {sorted(unknown)}")
+        self.__dict__.update({s.name: s.default for s in SETTINGS})
+        self.__dict__.update(values)
+
+    def as_dict(self, *, redact: bool = True) -> dict[str, Any]:
+        out = {s.name: getattr(self, s.name) for s in SETTINGS}
+        if redact:
+            out["secret_key"] = "***" if out["secret_key"] else ""
+        return out
+
+    def __getattr__(self, name: str) -> Any:  # for type checkers: attributes are set dynamically
+        raise AttributeError(name)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting (defaults left as None so the environment can fill them)."""
+    for s in SETTINGS:
+        if s.flag:
+            parser.add_argument("--" + s.name.replace("_", "-"), dest=s.name, default=None, metavar=s.type.name.upper(),
+                                help=f"{s.help} [env {s.env}; default {format_default(s)}]")
+
+
+def resolve(args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Flags over environment over defaults. Raises ValueError naming the setting on a bad value."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        raw = getattr(args, s.name, None) if args is not None else None
+        source = "--" + s.name.replace("_", "-")
+        if raw is None and s.env in env:
+            raw, source = env[s.env], s.env
+        if raw is None:
+            continue
+        try:
+            values[s.name] = s.type.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+    return Settings(values)
+
+
+def format_default(s: Setting) -> str:
+    d = s.default
+    if s.type is SIZE:
+        for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if d and d % factor == 0:
+                return f"{d // factor}{unit}"
+        return str(d)
+    if s.type is DURATION:
+        for unit, factor in (("d", 86400), ("h", 3600), ("m", 60)):
+            if d and d % factor == 0:
+                return f"{int(d // factor)}{unit}"
+        return f"{d:g}s"
+    return repr(d) if d == "" else str(d)
+
+
+def markdown() -> str:
+    """docs/configuration.md, generated from the table."""
+    lines = [
+        "# Configuration",
+        "",
+        "Generated from the settings table in `server/settings.py` by "
+        "`python -m ctxstore_server.settings > docs/configuration.md`; a test keeps it in sync.",
+        "",
+        "Every setting is a flag of `ctxstore serve` and an environment variable; the flag wins. Sizes accept "
+        "`B`, `KB`/`MB`/`GB` (powers of 10) and `KiB`/`MiB`/`GiB` (powers of 2); durations accept `s`, `m`, `h`, "
+        "`d` (a bare number is seconds). Secrets are read from the environment only.",
+        "",
+        "| setting | flag | env | type | default | runtime | description |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        flag = "`--" + s.name.replace("_", "-") + "`" if s.flag else "(env only)"
+        help_text = s.help.replace("|", "\\|")
+        lines.append(f"| {s.name} | {flag} | `{s.env}` | {s.type.name} | `{format_default(s)}` | "
+                     f"{'yes' if s.mutable else 'no'} | {help_text} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

@@ -1,0 +1,77 @@
+"""Tenants and their S3 credentials.
+
+A tenant owns buckets; each of its access keys signs requests (SigV4). Keys are looked up on every
+request, so the table is a plain dict. The admin API (a later layer) adds and revokes keys at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from .s3.auth import Credentials
+
+_ACCESS_KEY = re.compile(r"^[A-Za-z0-9._\-]{3,128}$")
+
+
+@dataclass
+class TenantKey:
+    credentials: Credentials
+    enabled: bool = True
+
+
+class TenantRegistry:
+    """Access key → credentials of a tenant."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, TenantKey] = {}
+
+    def add(self, tenant: str, access_key: str, secret_key: str) -> Credentials:
+        if not _ACCESS_KEY.match(access_key):
+            raise ValueError("access keys are 3-128 characters of letters, digits, '.', '_' or '-'")
+        if len(secret_key) < 8:
+            raise ValueError("secret keys must be at least 8 characters")
+        if not tenant:
+            raise ValueError("a tenant needs a name")
+        existing = self._keys.get(access_key)
+        if existing is not None and existing.credentials.tenant != tenant:
+            raise ValueError(f"access key {access_key} already belongs to another tenant")
+        creds = Credentials(access_key=access_key, secret_key=secret_key, tenant=tenant)
+        self._keys[access_key] = TenantKey(creds)
+        return creds
+
+    def lookup(self, access_key: str) -> Credentials | None:
+        entry = self._keys.get(access_key)
+        if entry is None or not entry.enabled:
+            return None
+        return entry.credentials
+
+    def tenants(self) -> list[str]:
+        return sorted({k.credentials.tenant for k in self._keys.values()})
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def load_file(self, path: str | Path) -> None:
+        """Load ``[{"tenant": ..., "access_key": ..., "secret_key": ...}, ...]``."""
+        try:
+            entries = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read tenants file {path}: {exc}") from None
+        if not isinstance(entries, list):
+            raise ValueError(f"tenants file {path}: expected a JSON list of objects")
+        for i, entry in enumerate(entries):
+            try:
+                self.add(str(entry["tenant"]), str(entry["access_key"]), str(entry["secret_key"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"tenants file {path}, entry {i}: {exc}") from None
+
+
+def generate_credentials() -> tuple[str, str]:
+    """A random access key (20 uppercase alphanumerics, like AWS's) and a 40-character secret."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    access = "CTX" + "".join(secrets.choice(alphabet) for _ in range(17))
+    return access, secrets.token_urlsafe(30)[:40]
