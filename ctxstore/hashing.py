@@ -42,7 +42,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 import msgpack
@@ -376,6 +376,12 @@ class Fingerprint:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
             raise TypeError("Fingerprint.extra must map str to str")
         object.__setattr__(self, "extra", MappingProxyType(dict(sorted(extra.items()))))
+
+    def __reduce__(self) -> tuple[type[Fingerprint], tuple[object, ...]]:
+        # a mappingproxy does not pickle: rebuild from plain values
+        values = [getattr(self, f.name) for f in fields(self)]
+        values[-1] = dict(self.extra)
+        return (type(self), tuple(values))
 
     def canonical_bytes(self) -> bytes:
         """The canonical encoding hashed by :meth:`digest`.

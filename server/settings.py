@@ -78,7 +78,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("memory", SIZE, 1 << 30, "CTXSTORE_MEMORY",
             "Byte budget for stored objects, multipart parts and uploads in flight (e.g. 4GiB).", mutable=True),
     Setting("default_ttl", DURATION, 3600.0, "CTXSTORE_DEFAULT_TTL",
-            "TTL of an object whose request and bucket name none.", mutable=True),
+            "TTL when neither the request nor the bucket sets one.", mutable=True),
     Setting("max_ttl", DURATION, 7 * 86400.0, "CTXSTORE_MAX_TTL", "Upper bound on every TTL.", mutable=True),
     Setting("max_pin", DURATION, 86400.0, "CTXSTORE_MAX_PIN", "Upper bound on a pin's duration."),
     Setting("region", STR, "us-east-1", "CTXSTORE_REGION", "Region reported by GetBucketLocation."),
@@ -183,14 +183,13 @@ def markdown() -> str:
         "`B`, `KB`/`MB`/`GB` (powers of 10) and `KiB`/`MiB`/`GiB` (powers of 2); durations accept `s`, `m`, `h`, "
         "`d` (a bare number is seconds). Secrets are read from the environment only.",
         "",
-        "| setting | flag | env | type | default | runtime | description |",
-        "|---|---|---|---|---|---|---|",
+        "| setting | flag | env | type | default | description |",
+        "|---|---|---|---|---|---|",
     ]
     for s in SETTINGS:
         flag = "`--" + s.name.replace("_", "-") + "`" if s.flag else "(env only)"
         help_text = s.help.replace("|", "\\|")
-        lines.append(f"| {s.name} | {flag} | `{s.env}` | {s.type.name} | `{format_default(s)}` | "
-                     f"{'yes' if s.mutable else 'no'} | {help_text} |")
+        lines.append(f"| {s.name} | {flag} | `{s.env}` | {s.type.name} | `{format_default(s)}` | {help_text} |")
     lines.append("")
     return "\n".join(lines)
 

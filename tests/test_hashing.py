@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -18,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ctxstore
+from ctxstore import hashing
 from ctxstore.hashing import (
     DYNAMO_XXH3_SEED,
     SCHEMES,
@@ -357,6 +361,15 @@ def test_le_bytes_and_inputs():
         assert block_hashes(array("I", A), 16, scheme) == expected
 
 
+def test_big_endian_host_path(monkeypatch):
+    # on a big-endian host the native array holds byte-swapped words; _le_bytes must undo that
+    tokens = [0, 1, 0x01020304, U32_MAX]
+    native_be = array("I", tokens)
+    native_be.byteswap()
+    monkeypatch.setattr(hashing, "_BIG_ENDIAN_HOST", True)
+    assert _le_bytes(native_be) == struct.pack("<4I", *tokens)
+
+
 def test_numpy_input():
     np = pytest.importorskip("numpy")
     for dtype in (np.int64, np.uint32, np.int32):
@@ -425,6 +438,8 @@ def test_fingerprint_validation_and_equality():
     with pytest.raises(TypeError):
         a.extra["y"] = "3"  # type: ignore[index]
     assert Fingerprint(model="m", extra={"a": "3"}).digest() != b.digest()
+    for clone in (pickle.loads(pickle.dumps(FP)), copy.deepcopy(FP), dataclasses.replace(FP)):
+        assert clone == FP and clone.digest() == FP.digest()
 
 
 def test_speed_32k_tokens():

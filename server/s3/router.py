@@ -162,3 +162,68 @@ def resolve(method: str, target: Target, query: Mapping[str, str], headers: Mapp
                 raise S3Error("NotImplemented", f"{route.operation} is not implemented by ctxstore.")
             return route
     raise S3Error("MethodNotAllowed", extra={"Method": method, "ResourceType": kind.upper()})
+
+
+def markdown() -> str:
+    """docs/s3-compatibility.md, generated from the routing table."""
+    target_words = {SERVICE: "service (`/`)", BUCKET: "bucket", OBJECT: "object"}
+    lines = [
+        "# S3 compatibility",
+        "",
+        "Generated from the routing table in `server/s3/router.py` by "
+        "`python -m ctxstore_server.s3.router > docs/s3-compatibility.md`; a test keeps it in sync.",
+        "",
+        "Addressing: path-style (`/bucket/key`) always; virtual-hosted-style (`Host: bucket.<domain>`) when "
+        "`--domain` / `CTXSTORE_DOMAIN` is set. Authentication: SigV4 (header, presigned query, aws-chunked "
+        "signed and unsigned-with-trailer bodies) and SigV2 (presigned query and header). "
+        "ctxstore's own APIs live under `/_ctx/`, which no bucket name can reach (`_` is not allowed in bucket names).",
+        "",
+        "## Supported operations",
+        "",
+        "| operation | method | target | selected by |",
+        "|---|---|---|---|",
+    ]
+    for route in ROUTES:
+        if route.operation in NOT_IMPLEMENTED_OPERATIONS:
+            continue
+        selectors = [f"`?{q}`" for q in route.query]
+        if route.query_value:
+            selectors.append(f"`?{route.query_value[0]}={route.query_value[1]}`")
+        if route.header:
+            selectors.append(f"header `{route.header}`")
+        lines.append(f"| {route.operation} | {route.method} | {target_words[route.target]} | "
+                     f"{', '.join(selectors) or '-'} |")
+    lines += [
+        "",
+        "## Rejected",
+        "",
+        "Answered `501 NotImplemented`:",
+        "",
+        *[f"- {op}" for op in NOT_IMPLEMENTED_OPERATIONS],
+        "- GetObject / HeadObject with `partNumber`",
+        "- any request naming one of these sub-resources: "
+        + ", ".join(f"`{s}`" for s in UNSUPPORTED_SUBRESOURCES),
+        "",
+        "`OPTIONS` (CORS preflight) answers `400 CORSResponse`: CORS is not enabled. Any other method/target "
+        "combination answers `405 MethodNotAllowed`.",
+        "",
+        "## Differences from AWS S3",
+        "",
+        "- Every object expires: `x-ctx-ttl: <seconds>` (or metadata `x-amz-meta-ctx-ttl`) on PUT, else the "
+        "bucket's default, else the server's, capped by `--max-ttl`. Responses carry `x-ctx-expires-at` "
+        "(Unix seconds) and `x-ctx-xxh3` (the server's XXH3-64 of the payload, hex).",
+        "- No versioning: ListObjectVersions lists each object once as version `null`.",
+        "- Conditional writes: `If-None-Match` only takes `*`; `If-Match` compares ETags; both are evaluated "
+        "atomically with the write (PutObject, CopyObject, CompleteMultipartUpload).",
+        "- When the byte budget is full of pinned blocks or uploads in flight, writes answer `503 SlowDown` with "
+        "`Retry-After`.",
+        "- ListMultipartUploads returns at most 1000 uploads, without paging.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(markdown())
