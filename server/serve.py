@@ -100,6 +100,18 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
     )
 
 
+class DrainingServer(uvicorn.Server):
+    """Marks the node as draining (readiness 503) the moment SIGTERM/SIGINT arrives."""
+
+    def __init__(self, config: uvicorn.Config, app: App) -> None:
+        super().__init__(config)
+        self.node = app
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        self.node.draining = True
+        super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ctxstore serve", description="Run a ctxstore node.")
     settings_mod.add_arguments(parser)
@@ -117,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ctxstore: serving S3 on {scheme}://{settings.host}:{settings.port} "
           f"(budget {settings.memory} bytes, default TTL {settings.default_ttl:g}s)", flush=True)
     print(f"  e.g. aws --endpoint-url {scheme}://{settings.host}:{settings.port} s3 ls", flush=True)
-    uvicorn.Server(uvicorn_config(app, settings)).run()
+    DrainingServer(uvicorn_config(app, settings), app).run()
     return 0
 
 
