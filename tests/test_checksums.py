@@ -102,7 +102,8 @@ def test_unknown_algorithm() -> None:
 def test_content_md5() -> None:
     digest = hashlib.md5(b"hello").digest()
     assert parse_content_md5(base64.b64encode(digest).decode()) == digest
-    for bad in ("", "not base64!", base64.b64encode(b"short").decode(), base64.b64encode(digest + b"x").decode()):
+    too_short, too_long = base64.b64encode(b"short").decode(), base64.b64encode(digest + b"x").decode()
+    for bad in ("", "not base64!", too_short, too_long):
         with pytest.raises(S3Error) as exc:
             parse_content_md5(bad)
         assert exc.value.code == "InvalidDigest"

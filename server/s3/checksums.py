@@ -12,7 +12,7 @@ import binascii
 import hashlib
 from collections.abc import Callable, Mapping
 
-from awscrt import checksums as _crt
+from awscrt import checksums as _crt  # type: ignore[import-untyped]
 
 from .errors import S3Error
 
@@ -38,7 +38,7 @@ def header_name(algorithm: str) -> str:
 class Checksum:
     """A running checksum of one of :data:`ALGORITHMS`, fed incrementally."""
 
-    __slots__ = ("algorithm", "_crc", "_hash")
+    __slots__ = ("_crc", "_hash", "algorithm")
 
     def __init__(self, algorithm: str) -> None:
         if algorithm not in DIGEST_SIZES:
@@ -85,7 +85,7 @@ def requested_checksums(headers: Mapping[str, str]) -> dict[str, str]:
 
     Works on request headers and on the trailers an aws-chunked body ended with. A value that is not base64
     of the algorithm's digest size is rejected as AWS does (``InvalidRequest``); so are two checksums at once.
-    Unknown ``x-amz-checksum-*`` names (``-algorithm``, ``-type``, ``-mode``) are not checksums and are ignored.
+    Other ``x-amz-checksum-*`` names (``-algorithm``, ``-type``, ``-mode``) are not checksums: ignored.
     """
     found: dict[str, str] = {}
     for name, value in headers.items():
@@ -100,7 +100,8 @@ def requested_checksums(headers: Mapping[str, str]) -> dict[str, str]:
         found[algorithm] = value.strip()
     if len(found) > 1:
         raise S3Error(
-            "InvalidRequest", "Expecting a single x-amz-checksum- header. Multiple checksum Types are not allowed."
+            "InvalidRequest",
+            "Expecting a single x-amz-checksum- header. Multiple checksum Types are not allowed.",
         )
     return found
 
@@ -124,5 +125,6 @@ def verify(checksum: Checksum, expected_b64: str) -> None:
     """Compare a finished checksum with the value the client sent; raises ``BadDigest`` if they differ."""
     if checksum.b64digest() != expected_b64.strip():
         raise S3Error(
-            "BadDigest", f"The {checksum.algorithm.upper()} you specified did not match the calculated checksum."
+            "BadDigest",
+            f"The {checksum.algorithm.upper()} you specified did not match the calculated checksum.",
         )

@@ -1,7 +1,7 @@
 """Incremental decoder for ``Content-Encoding: aws-chunked`` request bodies.
 
-An aws-chunked body is a series of chunks, each ``hex-size[;chunk-signature=sig]\\r\\n<data>\\r\\n``, ended by a
-chunk of size 0 and, for the ``*-TRAILER`` payload modes, trailer lines ``name:value\\r\\n`` (plus
+An aws-chunked body is a series of chunks, each ``hex-size[;chunk-signature=sig]\\r\\n<data>\\r\\n``,
+ended by a chunk of size 0 and, for the ``*-TRAILER`` payload modes, trailer lines ``name:value\\r\\n`` (plus
 ``x-amz-trailer-signature:sig\\r\\n`` when the trailer is signed) and a closing ``\\r\\n``.
 
 :class:`AwsChunkedDecoder` is fed the body as it arrives (``Request.stream()``) and hands back the payload as
@@ -36,7 +36,7 @@ class ChunkSigner:
     cannot be dropped, reordered or replayed. Holds the derived signing key, never the secret.
     """
 
-    __slots__ = ("_key", "_date_scope", "_previous")
+    __slots__ = ("_date_scope", "_key", "_previous")
 
     def __init__(self, *, signing_key: bytes, amz_date: str, scope: str, seed_signature: str) -> None:
         self._key = signing_key
@@ -61,9 +61,11 @@ class ChunkSigner:
         self._check(string_to_sign, signature, "trailer")
 
     def _check(self, string_to_sign: str, signature: str, what: str) -> None:
-        expected = hmac.new(self._key, string_to_sign.encode("utf-8"), hashlib.sha256).hexdigest()
+        expected = hmac.digest(self._key, string_to_sign.encode("utf-8"), "sha256").hex()
         if not hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8")):
-            raise S3Error("SignatureDoesNotMatch", f"The {what} signature we calculated does not match the one sent.")
+            raise S3Error(
+                "SignatureDoesNotMatch", f"The {what} signature we calculated does not match the one sent."
+            )
         self._previous = expected
 
 
@@ -158,8 +160,8 @@ class AwsChunkedDecoder:
     def finish(self) -> dict[str, str]:
         """Call at the end of the body: returns the trailers (lowercase names, signature line excluded).
 
-        Raises ``IncompleteBody`` if the body stopped before its final chunk or inside a line. The closing empty
-        line is optional: nothing after the last chunk or trailer carries data or signature.
+        Raises ``IncompleteBody`` if the body stopped before its final chunk or inside a line. The closing
+        empty line is optional: nothing after the last chunk or trailer carries data or signature.
         """
         if self._state is _State.TRAILER and not self._line:
             self._require_trailer_signature()
@@ -187,7 +189,9 @@ class AwsChunkedDecoder:
                 raise _malformed(f"line longer than {MAX_LINE} bytes")
             self._line += view[pos:stop]
             return None, stop
-        line = bytes(self._line) + bytes(view[pos:newline + 1]) if self._line else bytes(view[pos:newline + 1])
+        line = bytes(view[pos : newline + 1])
+        if self._line:
+            line = bytes(self._line) + line
         self._line.clear()
         if not line.endswith(b"\r\n"):
             raise _malformed("line not terminated by CRLF")
@@ -209,7 +213,9 @@ class AwsChunkedDecoder:
                     if name == b"chunk-signature":
                         signature = value.decode("utf-8", "replace")
             if signature is None:
-                raise S3Error("SignatureDoesNotMatch", "A chunk of a signed aws-chunked body has no chunk-signature.")
+                raise S3Error(
+                    "SignatureDoesNotMatch", "A chunk of a signed aws-chunked body has no chunk-signature."
+                )
             self._chunk_signature = signature
             self._hasher = hashlib.sha256()
         if size == 0:

@@ -106,6 +106,7 @@ def valid_bucket_name(name: str) -> bool:
 class Target:
     bucket: str | None
     key: str | None
+    virtual: bool = False  # the bucket came from the Host header (virtual-hosted style)
 
     @property
     def kind(self) -> str:
@@ -133,7 +134,7 @@ def split_target(raw_path: str, host: str | None, domain: str) -> Target:
         bucket = _decode(first)
         return Target(bucket, _decode_key(rest) if slash and rest else None)
     rest = path[1:] if path.startswith("/") else path
-    return Target(bucket, _decode_key(rest) if rest else None)
+    return Target(bucket, _decode_key(rest) if rest else None, virtual=True)
 
 
 def _decode(text: str) -> str:

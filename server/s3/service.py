@@ -82,11 +82,11 @@ class S3Service:
     async def _handle(self, req: Request) -> tuple[Response, str]:
         if req.method == "OPTIONS":
             raise S3Error("CORSResponse", "CORS is not enabled on ctxstore buckets.")
+        target = split_target(req.raw_path, req.headers.get("host"), self.settings.domain)
         auth = authenticate(
             method=req.method, raw_path=req.raw_path, query_string=req.query_string, headers=req.headers,
-            lookup=self.lookup, now=time.time(),
+            lookup=self.lookup, now=time.time(), virtual_bucket=target.bucket if target.virtual else None,
         )
-        target = split_target(req.raw_path, req.headers.get("host"), self.settings.domain)
         route: Route = resolve(req.method, target, req.query, req.headers)
         handler = self.handlers[route.operation]
         call = Call(req=req, auth=auth, service=self, bucket=target.bucket, key=target.key)
