@@ -63,7 +63,8 @@ def start_node(tmp: Path, *args: str, env: dict[str, str] | None = None, scheme:
     full_env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
                 **(env or {})}
     cmd = [sys.executable, "-m", "ctxstore_server.serve", "--port", str(port), *args]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=full_env)
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
     node = Node(port=port, proc=proc, scheme=scheme, log=log, env=full_env)
     if wait:
         wait_ready(node)

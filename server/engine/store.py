@@ -148,26 +148,30 @@ class Engine:
         self.used -= nbytes
         self.reserved -= nbytes
 
-    def _make_room(self, need: int) -> None:
+    def _make_room(self, need: int, replacing: StoredObject | None = None) -> None:
+        """``replacing``: the live object the new one replaces; its bytes count as free and it is not evicted."""
         budget = self.config.budget
-        if self.used + need <= budget:
-            return
         if need > budget:
             raise errors.EntityTooLarge(f"{need} bytes cannot fit in a budget of {budget}")
+        credit = replacing.charge if replacing is not None else 0
+        if self.used - credit + need <= budget:
+            return
         now = self.clock()
-        self._reap_expired(now, limit=None, stop_when_fits=need)
-        if self.used + need <= budget:
+        self._reap_expired(now, limit=None, stop_when_fits=need - credit)
+        if self.used - credit + need <= budget:
             return
         self._drain_pins(now)
         evictable = self.used - self.reserved - self.parts_bytes - self.pinned_bytes
-        if self.used - evictable + need > budget:
+        if replacing is not None and not replacing.pinned(now):
+            evictable -= credit
+        if self.used - credit - evictable + need > budget:
             raise errors.InsufficientCapacity("everything left in the budget is pinned or being written")
         stepped_over = 0
-        while self.used + need > budget:
+        while self.used - credit + need > budget:
             if not self._lru:
                 raise errors.InsufficientCapacity("nothing left to evict")
             obj, _ = self._lru.popitem(last=False)
-            if obj.pinned(now):
+            if obj.pinned(now) or obj is replacing:
                 # Pinned: step over it. It goes to the recent end; it is revisited only after everything else.
                 self._lru[obj] = None
                 stepped_over += 1
@@ -196,6 +200,7 @@ class Engine:
             until, _, obj = heapq.heappop(heap)
             if obj.live and obj.pinned_until == until:
                 self.pinned_bytes -= obj.charge
+                obj.pinned_until = 0.0  # drained: no longer counted in pinned_bytes
 
     def reap(self, limit: int = 10000) -> int:
         """Background housekeeping: drop up to ``limit`` expired objects and stale uploads. Returns the count."""
@@ -242,6 +247,8 @@ class Engine:
 
         ``if_none_match``: fail if a live object exists. ``if_match``: replace only that ETag (missing → NoSuchKey).
         ``xxh3``: the payload's XXH3-64 if the caller already computed it."""
+        if reservation is not None:
+            reservation.release()  # first: a put that fails must not keep the budget
         bucket = self.bucket(tenant, bucket_name)
         now = self.clock()
         self._check_conditions(bucket, key, now, if_none_match, if_match)
@@ -252,10 +259,11 @@ class Engine:
             created=now, ttl=ttl_s, content_type=content_type, headers=headers or _EMPTY,
             user_meta=user_meta or _EMPTY, checksums=checksums or _EMPTY, parts_count=parts_count,
         )
-        if reservation is not None:
-            reservation.release()
-        self._make_room(obj.charge)
         old = bucket.objects.get(key)
+        if old is not None and old.expired(now):
+            self._remove(old, "expired")
+            old = None
+        self._make_room(obj.charge, replacing=old)
         if old is not None:
             self._remove(old, "replaced")
         self._insert(bucket, obj)
@@ -306,7 +314,7 @@ class Engine:
                 stats.deletes += 1
         self._lru.pop(obj, None)
         self.used -= obj.charge
-        if obj.pinned_until > self.clock():
+        if obj.pinned_until:  # counted until drained, even once ended
             self.pinned_bytes -= obj.charge
         obj.pinned_until = 0.0
         for listener in self.on_remove:
@@ -329,7 +337,7 @@ class Engine:
         if record:
             bucket.stats.hits += 1
             self._lru.move_to_end(obj)
-            if bucket.sliding_ttl:
+            if bucket.sliding_ttl and now + obj.ttl > obj.expires_at:  # slide forward, never back
                 self._set_expiry(obj, now + obj.ttl)
         return obj
 
@@ -387,7 +395,7 @@ class Engine:
             count += 1
             if obj.pinned_until >= until:
                 continue
-            if not obj.pinned(now):
+            if not obj.pinned_until:  # not counted yet (an ended pin stays counted until drained)
                 self.pinned_bytes += obj.charge
             obj.pinned_until = until
             heapq.heappush(self._pins, (until, next(self._seq), obj))
@@ -452,13 +460,13 @@ class Engine:
         self, tenant: str, bucket_name: str, key: str, upload_id: str, number: int, data: Payload, *,
         md5: bytes, checksums: dict[str, str], reservation: Reservation | None = None,
     ) -> Part:
+        if reservation is not None:
+            reservation.release()  # first: a part that fails must not keep the budget
         if not 1 <= number <= self.config.max_parts:
             raise errors.InvalidArgument(f"part number must be an integer between 1 and {self.config.max_parts}")
         upload = self.upload(tenant, bucket_name, key, upload_id)
         part = Part(number=number, data=data, etag=f'"{md5.hex()}"', md5=md5, last_modified=self.clock(),
                     checksums=checksums)
-        if reservation is not None:
-            reservation.release()
         self._make_room(part.size)
         old = upload.parts.pop(number, None)
         if old is not None:
@@ -468,6 +476,11 @@ class Engine:
         self.used += part.size
         self.parts_bytes += part.size
         return part
+
+    def _charge_part(self, upload: Upload, nbytes: int) -> None:
+        upload.charged += nbytes
+        self.used += nbytes
+        self.parts_bytes += nbytes
 
     def _uncharge_part(self, upload: Upload, nbytes: int) -> None:
         upload.charged -= nbytes
@@ -500,7 +513,16 @@ class Engine:
         total = sum(p.size for p in chosen)
         bucket = self.bucket(tenant, bucket_name)
         self._check_conditions(bucket, key, self.clock(), if_none_match, if_match)
-        with self.reserve(total) as reservation:
+        # The listed parts become the object: stop counting them as parts before reserving its room, so an
+        # upload larger than half the budget can still complete. If there is no room, they count again.
+        charged = upload.charged
+        self._uncharge_part(upload, charged)
+        try:
+            reservation = self.reserve(total)
+        except errors.StorageError:
+            self._charge_part(upload, charged)
+            raise
+        with reservation:
             data = bytearray(total)
             view = memoryview(data)
             pos = 0

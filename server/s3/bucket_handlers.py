@@ -8,7 +8,7 @@ import hmac
 
 from . import listing
 from .call import Call, Response, xml_response
-from .checksums import parse_content_md5
+from .checksums import Checksum, parse_content_md5, requested_checksums, verify
 from .errors import S3Error
 from .router import valid_bucket_name
 from .xml import Node, child_text, document, iso8601, parse
@@ -107,6 +107,10 @@ async def delete_objects(call: Call) -> Response:
         expected = parse_content_md5(content_md5)
         if not hmac.compare_digest(expected, hashlib.md5(body).digest()):
             raise S3Error("BadDigest")
+    for algorithm, value in requested_checksums(call.req.headers).items():  # what botocore sends since 1.36
+        checksum = Checksum(algorithm)
+        checksum.update(body)
+        verify(checksum, value)
     root = parse(body)
     if root.tag != "Delete":
         raise S3Error("MalformedXML")

@@ -153,7 +153,8 @@ def _encode_token(last: str) -> str:
 
 def _decode_token(token: str) -> str:
     try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
+        # validate=True: urlsafe_b64decode would silently drop characters outside the alphabet.
+        return base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode("utf-8")
     except (binascii.Error, UnicodeError, ValueError):
         raise S3Error("InvalidArgument", "The continuation token provided is incorrect") from None
 

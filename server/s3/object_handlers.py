@@ -68,8 +68,9 @@ def _read(call: Call, *, head: bool) -> Response:
     engine = call.engine
     obj = engine.get(call.tenant, call.bucket or "", call.key or "", record=not head)
     check_read_conditions(obj, req.headers)
-    headers = object_headers(obj, req.query, checksum_mode=_checksum_mode(call))
     span = parse_range(req.headers.get("range"), obj.size)
+    # A ranged response carries no whole-object checksum (as in S3): clients would check the part against it.
+    headers = object_headers(obj, req.query, checksum_mode=_checksum_mode(call) and span is None)
     status = 200
     start, end = 0, obj.size
     if span is not None:
@@ -93,7 +94,11 @@ def _copy_source(call: Call) -> tuple[str, str]:
     path, _, version = raw.partition("?")
     if version and version not in ("versionId=null",):
         raise S3Error("InvalidArgument", "ctxstore keeps no versions: only versionId=null can be copied.")
-    path = unquote(path, errors="strict").lstrip("/")
+    try:
+        path = unquote(path, errors="strict").lstrip("/")
+    except UnicodeDecodeError:
+        raise S3Error("InvalidArgument", "The copy source is not valid UTF-8 once percent-decoded.",
+                      extra={"ArgumentName": "x-amz-copy-source", "ArgumentValue": raw}) from None
     bucket, slash, key = path.partition("/")
     if not bucket or not slash or not key:
         raise S3Error("InvalidArgument", "Copy Source must mention the source bucket and key: sourcebucket/sourcekey",

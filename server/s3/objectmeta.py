@@ -163,11 +163,13 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
         if not first.isdigit() or (last and not last.isdigit()):
             return None
         start = int(first)
-        end = int(last) + 1 if last else size
+        end = int(last) + 1 if last else None
     except ValueError:
         return None
-    if end <= start:  # e.g. bytes=5-3: syntactically invalid, so ignored
+    if end is not None and end <= start:  # e.g. bytes=5-3: syntactically invalid, so ignored
         return None
+    if end is None:
+        end = size
     if start >= size:
         raise _unsatisfiable(size)
     return start, min(end, size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,14 @@ def _handlers() -> dict[str, object]:
                 table[route.operation] = fn
                 break
     return table
+
+
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _text(value: str) -> str:
+    """Escaped for XML; characters XML 1.0 cannot carry at all (control characters) become U+FFFD."""
+    return escape(_XML_INVALID.sub("\ufffd", value))
 
 
 class S3Service:
@@ -107,9 +116,9 @@ class S3Service:
         if exc.status in (304,) or req.method == "HEAD":
             return Response(exc.status, headers)
         resource = exc.resource or req.raw_path.split("?", 1)[0]
-        parts = [f"<Code>{exc.code}</Code>", f"<Message>{escape(exc.message)}</Message>"]
-        parts += [f"<{k}>{escape(v)}</{k}>" for k, v in exc.extra.items()]
-        parts += [f"<Resource>{escape(resource)}</Resource>", f"<RequestId>{req.request_id}</RequestId>",
+        parts = [f"<Code>{exc.code}</Code>", f"<Message>{_text(exc.message)}</Message>"]
+        parts += [f"<{k}>{_text(v)}</{k}>" for k, v in exc.extra.items()]
+        parts += [f"<Resource>{_text(resource)}</Resource>", f"<RequestId>{req.request_id}</RequestId>",
                   f"<HostId>{req.request_id}</HostId>"]
         body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error>' + "".join(parts) + "</Error>").encode("utf-8")
         headers.append(("content-type", "application/xml"))
