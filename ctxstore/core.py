@@ -1,0 +1,472 @@
+"""The asyncio core of the client: bulk calls fanned out over the pod, one per node, reassembled in order.
+
+Policy (SPEC §4.5): lookups and restores never raise into the inference path unless ``strict=True`` — a node
+that is down, slow or failing contributes misses, and the call returns within its timeouts. Configuration
+mistakes always raise. :class:`~ctxstore.sync.ContextStore` runs this same core on a private event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from . import wire
+from .buffers import Destinations, byte_view
+from .errors import ConfigurationError, ContextStoreError, NodeUnavailable, ProtocolError, SlowDown, server_error
+from .hashing import Fingerprint, block_hashes
+from .metrics import Metrics
+from .pod import Node, Pod, expand_dns, parse_nodes
+from .sigv4 import Signer
+from .transport import BytesReader, Response, request_head
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-phase deadlines in seconds. Short by default: a slow node must not stall a prefill."""
+
+    connect: float = 0.5
+    read: float = 2.0  # no byte for this long → timeout
+    total: float = 10.0  # a whole bulk call
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Client-side split of large calls (each node also enforces its own limits)."""
+
+    keys_per_call: int = 8192
+    bytes_per_call: int = 256 << 20
+
+
+@dataclass
+class RestoreResult:
+    """What :meth:`AsyncNamespace.restore` fetched: the leading cached blocks, in order."""
+
+    n_blocks: int
+    n_tokens: int
+    blocks: list[memoryview] = field(default_factory=list)
+
+
+@dataclass
+class SaveResult:
+    stored: int = 0
+    existed: int = 0
+    failed: int = 0
+
+
+class GetReader:
+    """Reads a bulk ``get`` response: head first, then each payload straight into its destination."""
+
+    _DISCARD = memoryview(bytearray(256 << 10))
+
+    def __init__(self, n_keys: int, destinations: Destinations, indices: Sequence[int]) -> None:
+        self._n_keys = n_keys
+        self._dest = destinations
+        self._indices = indices  # global block index of each key of this call
+        self._prefix = bytearray(4)
+        self._head: bytearray | None = None
+        self._pos = 0
+        self.meta: wire.GetResponse | None = None
+        self.views: list[memoryview | None] = []  # per key of this call: where its payload went
+        self._queue: list[tuple[memoryview | None, int]] = []  # (target or None to discard, size)
+        self._q = 0
+
+    def get_buffer(self) -> memoryview:
+        if self._head is None:
+            return memoryview(self._prefix)[self._pos:]
+        if self.meta is None:
+            return memoryview(self._head)[self._pos:]
+        target, size = self._queue[self._q]
+        if target is None:
+            return self._DISCARD[:min(size - self._pos, len(self._DISCARD))]
+        return target[self._pos:]
+
+    def written(self, n: int) -> None:
+        self._pos += n
+        if self._head is None:
+            if self._pos == 4:
+                self._head = bytearray(wire.head_length(self._prefix) - 4)
+                self._pos = 0
+                if not self._head:
+                    raise ProtocolError("", 200, "MalformedFrame", "empty get head")
+            return
+        if self.meta is None:
+            if self._pos == len(self._head):
+                head, _ = wire.unpack_head(bytes(self._prefix) + bytes(self._head))
+                self.meta = wire.decode_get_head(head, self._n_keys)
+                self._plan()
+            return
+        if self._pos == self._queue[self._q][1]:
+            self._q += 1
+            self._pos = 0
+            self._skip_empty()
+
+    def _plan(self) -> None:
+        assert self.meta is not None
+        for i, size in enumerate(self.meta.sizes):
+            if size == wire.ABSENT:
+                self.views.append(None)
+                continue
+            target = self._dest.view(self._indices[i], size)
+            self.views.append(target)
+            self._queue.append((target, size))
+        self._pos = 0
+        self._skip_empty()
+
+    def _skip_empty(self) -> None:
+        while self._q < len(self._queue) and self._queue[self._q][1] == 0:
+            self._q += 1
+
+
+class AsyncContextStore:
+    """A pod of ctxstore nodes, for asyncio code. See :class:`ctxstore.ContextStore` for the sync twin."""
+
+    def __init__(
+        self,
+        nodes: str | Sequence[str] | None = None,
+        *,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        region: str = "us-east-1",
+        timeouts: Timeouts | None = None,
+        limits: Limits | None = None,
+        strict: bool = False,
+        pool_size: int = 8,
+        probe_interval: float = 0.5,
+    ) -> None:
+        nodes = nodes if nodes is not None else os.environ.get("CTXSTORE_NODES")
+        access_key = access_key or os.environ.get("CTXSTORE_ACCESS_KEY")
+        secret_key = secret_key or os.environ.get("CTXSTORE_SECRET_KEY")
+        if not nodes:
+            raise ConfigurationError("no nodes: pass nodes=... or set CTXSTORE_NODES")
+        if not access_key or not secret_key:
+            raise ConfigurationError("no credentials: pass access_key/secret_key or set CTXSTORE_ACCESS_KEY/_SECRET_KEY")
+        self.timeouts = timeouts or Timeouts()
+        self.limits = limits or Limits()
+        self.strict = strict
+        self.signer = Signer(access_key, secret_key, region)
+        self.metrics = Metrics()
+        self._addresses = expand_dns(parse_nodes(nodes))
+        self._pod_args = dict(pool_size=pool_size, connect_timeout=self.timeouts.connect,
+                              read_timeout=self.timeouts.read, probe_interval=probe_interval)
+        self._pod: Pod | None = None
+
+    @property
+    def pod(self) -> Pod:
+        # Created lazily: its pools and probes belong to the event loop that first uses them.
+        if self._pod is None:
+            self._pod = Pod(self._addresses, **self._pod_args)  # type: ignore[arg-type]
+        return self._pod
+
+    async def namespace(self, bucket: str, *, model: str, block_size: int = 16, scheme: str = "xxh3-128",
+                        create: bool = True, **fingerprint: Any) -> AsyncNamespace:
+        """A namespace bound to ``bucket`` and a model fingerprint; creates the bucket on every node."""
+        known = {f.name for f in dataclasses.fields(Fingerprint)} - {"extra"}
+        fields = {k: v for k, v in fingerprint.items() if k in known}
+        extra = {k: str(v) for k, v in fingerprint.items() if k not in known}
+        fp = Fingerprint(model=model, block_size=block_size, extra=extra, **fields)
+        ns = AsyncNamespace(self, bucket, fp, scheme)
+        if create:
+            await self.create_bucket(bucket)
+        return ns
+
+    async def create_bucket(self, bucket: str) -> None:
+        """S3 CreateBucket on every node that is up (re-creating one's own bucket is not an error)."""
+
+        async def create(node: Node) -> None:
+            path = f"/{bucket}"
+            head = request_head("PUT", node.host_header, path,
+                                self.signer.headers("PUT", node.host_header, path), 0)
+            try:
+                response = await node.pool.request(head, (), lambda s, n: BytesReader(n))
+            except NodeUnavailable as exc:
+                self.pod.mark_down(node, str(exc))
+                if self.strict:
+                    raise
+                return
+            if response.status != 200:
+                text = bytes(response.reader.data).decode("utf-8", "replace")  # type: ignore[attr-defined]
+                raise server_error(node.name, response.status, _xml_code(text), text[:300])
+
+        await asyncio.gather(*(create(n) for n in self.pod.nodes if n.up))
+
+    # ------------------------------------------------------------------ one call to one node
+
+    async def _call(self, node: Node, bucket: str, op: str, head_bytes: bytes, payloads: Sequence[Any],
+                    reader_factory: Any = None) -> Response:
+        if not node.up:
+            raise NodeUnavailable(node.name, "marked down")
+        path = wire.path(bucket, op)
+        length = len(head_bytes) + sum(len(p) for p in payloads)
+        request = request_head("POST", node.host_header, path,
+                               self.signer.headers("POST", node.host_header, path), length)
+
+        def factory(status: int, n: int) -> Any:
+            if status == 200 and reader_factory is not None:
+                return reader_factory()
+            return BytesReader(n)
+
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.timeouts.total):
+                response = await node.pool.request(request, (head_bytes, *payloads), factory)
+        except TimeoutError:
+            exc: ContextStoreError = NodeUnavailable(node.name, f"call exceeded {self.timeouts.total:g} s")
+            self.pod.mark_down(node, str(exc))
+            raise exc from None
+        except NodeUnavailable as exc:
+            self.pod.mark_down(node, str(exc))
+            raise
+        except wire.WireError as exc:
+            raise ProtocolError(node.name, 200, exc.code, str(exc)) from None
+        self.metrics.observe(op, time.perf_counter() - started)
+        if response.status != 200:
+            error = _error_of(node, response)
+            if response.status >= 500 and not isinstance(error, SlowDown):
+                self.pod.mark_down(node, str(error))
+            raise error
+        return response
+
+    def _degrade(self, exc: ContextStoreError) -> None:
+        """A failure on a degradable path: counted, raised only in strict mode."""
+        self.metrics.count("errors")
+        if self.strict or not isinstance(exc, ContextStoreError):
+            raise exc
+
+    # ------------------------------------------------------------------ bulk operations over the pod
+
+    def _chunks(self, indices: list[int]) -> list[list[int]]:
+        n = self.limits.keys_per_call
+        return [indices[i:i + n] for i in range(0, len(indices), n)]
+
+    async def lookup_keys(self, bucket: str, keys: Sequence[str]) -> list[int]:
+        """Size of each key's block (``wire.ABSENT`` where missing or its node failed)."""
+        sizes = [wire.ABSENT] * len(keys)
+
+        async def one(node: Node, idx: list[int]) -> None:
+            try:
+                head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx]))
+                response = await self._call(node, bucket, "lookup", head, ())
+                parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
+                result = wire.decode_lookup_response(parsed, len(idx))
+            except (ContextStoreError, wire.WireError) as exc:
+                self._degrade(_as_client_error(node, exc))
+                return
+            for i, size in zip(idx, result.sizes):
+                sizes[i] = size
+
+        await self._fan_out(one, keys)
+        return sizes
+
+    async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
+                       pin: float = 0.0) -> list[memoryview | None]:
+        """Fetch blocks into their destinations; None where missing, failed or corrupt."""
+        views: list[memoryview | None] = [None] * len(keys)
+
+        async def one(node: Node, idx: list[int]) -> None:
+            reader = GetReader(len(idx), destinations, idx)
+            try:
+                head = wire.encode_keys_request("get", wire.KeysRequest([keys[i] for i in idx], pin=pin))
+                await self._call(node, bucket, "get", head, (), lambda: reader)
+            except (ContextStoreError, wire.WireError) as exc:
+                self._degrade(_as_client_error(node, exc))
+                return
+            assert reader.meta is not None
+            for j, i in enumerate(idx):
+                view = reader.views[j]
+                if view is None:
+                    continue
+                if xxhash.xxh3_64_intdigest(view) != reader.meta.xxh3[j]:
+                    self.metrics.count("checksum_failures")
+                    continue  # a block that does not verify is a miss
+                views[i] = view
+                self.metrics.count("bytes_in", len(view))
+
+        await self._fan_out(one, keys)
+        if destinations.error is not None:
+            raise ConfigurationError(destinations.error)
+        return views
+
+    async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
+                       ttl: float | None = None, if_absent: bool = True) -> SaveResult:
+        result = SaveResult()
+
+        async def one(node: Node, idx: list[int]) -> None:
+            for batch in self._byte_batches(idx, blocks):
+                req = wire.PutRequest(
+                    keys=[keys[i] for i in batch], sizes=[len(blocks[i]) for i in batch],
+                    xxh3=[xxhash.xxh3_64_intdigest(blocks[i]) for i in batch], ttl=ttl, if_absent=if_absent,
+                )
+                try:
+                    response = await self._call(node, bucket, "put", wire.encode_put_head(req),
+                                                [blocks[i] for i in batch])
+                    parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
+                    answer = wire.decode_put_response(parsed, len(batch))
+                except (ContextStoreError, wire.WireError) as exc:
+                    result.failed += len(batch)
+                    self._degrade(_as_client_error(node, exc))
+                    continue
+                result.stored += answer.results.count("stored")
+                result.existed += answer.results.count("exists")
+                result.failed += answer.results.count("rejected")
+                self.metrics.count("bytes_out", req.payload_bytes)
+
+        await self._fan_out(one, keys)
+        return result
+
+    def _byte_batches(self, idx: list[int], blocks: Sequence[memoryview]) -> list[list[int]]:
+        batches: list[list[int]] = [[]]
+        size = 0
+        for i in idx:
+            n = len(blocks[i])
+            if batches[-1] and (size + n > self.limits.bytes_per_call or
+                                len(batches[-1]) >= self.limits.keys_per_call):
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += n
+        return [b for b in batches if b]
+
+    async def keys_op(self, bucket: str, op: str, keys: Sequence[str], **fields: Any) -> int:
+        """touch / pin / unpin / delete over the pod; returns how many keys were live."""
+        total = 0
+
+        async def one(node: Node, idx: list[int]) -> None:
+            nonlocal total
+            try:
+                head = wire.encode_keys_request(op, wire.KeysRequest([keys[i] for i in idx], **fields))
+                response = await self._call(node, bucket, op, head, ())
+                parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
+                total += wire.decode_count_response(parsed).count
+            except (ContextStoreError, wire.WireError) as exc:
+                self._degrade(_as_client_error(node, exc))
+
+        await self._fan_out(one, keys)
+        return total
+
+    async def _fan_out(self, one: Any, keys: Sequence[str]) -> None:
+        calls = []
+        for node, idx in self.pod.group(keys).items():
+            if not node.up:
+                self.metrics.count("skipped_down_node_keys", len(idx))
+                if self.strict:
+                    raise NodeUnavailable(node.name, "marked down")
+                continue
+            calls += [one(node, chunk) for chunk in self._chunks(idx)]
+        await asyncio.gather(*calls)
+
+    def metrics_snapshot(self) -> dict[str, object]:
+        """Hits, misses, bytes, checksum failures, errors, latency percentiles and node health."""
+        return {**self.metrics.snapshot(), "nodes": self.pod.health()}
+
+    async def aclose(self) -> None:
+        if self._pod is not None:
+            self._pod.close()
+
+    async def __aenter__(self) -> AsyncContextStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncNamespace:
+    """Blocks of one model fingerprint in one bucket: save, look up and restore token prefixes."""
+
+    def __init__(self, store: AsyncContextStore, bucket: str, fingerprint: Fingerprint, scheme: str) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.fingerprint = fingerprint
+        self.scheme = scheme
+        self.block_size = fingerprint.block_size
+
+    def block_hashes(self, tokens: Sequence[int]) -> list[str]:
+        """Keys of the full blocks of ``tokens`` (a trailing partial block has none)."""
+        return self.fingerprint.block_hashes(tokens, self.scheme)
+
+    async def lookup(self, tokens: Sequence[int]) -> int:
+        """Number of leading full blocks of ``tokens`` the pod holds."""
+        keys = self.block_hashes(tokens)
+        sizes = await self.store.lookup_keys(self.bucket, keys)
+        n = wire.prefix_length(sizes)
+        self.store.metrics.count("hits", n)
+        self.store.metrics.count("misses", len(keys) - n)
+        return n
+
+    async def restore(self, tokens: Sequence[int], out: Any = None, *, pin: float = 0.0) -> RestoreResult:
+        """Fetch the cached prefix of ``tokens`` in one round trip per node.
+
+        ``out``: None (allocate), a list of per-block buffers, or one buffer holding every block in equal
+        slots (bytearray, memoryview, numpy array, CPU torch tensor). ``pin``: keep the fetched blocks from
+        eviction for that many seconds."""
+        keys = self.block_hashes(tokens)
+        destinations = Destinations(out, len(keys))
+        views = await self.store.get_keys(self.bucket, keys, destinations, pin=pin)
+        blocks: list[memoryview] = []
+        for view in views:
+            if view is None:
+                break
+            blocks.append(view)
+        self.store.metrics.count("hits", len(blocks))
+        self.store.metrics.count("misses", len(keys) - len(blocks))
+        return RestoreResult(len(blocks), len(blocks) * self.block_size, blocks)
+
+    async def save(self, tokens: Sequence[int], blocks: Sequence[Any], ttl: float | None = None) -> SaveResult:
+        """Store one buffer per full block of ``tokens`` (a prefix of them is fine); existing blocks are skipped."""
+        keys = self.block_hashes(tokens)
+        if len(blocks) > len(keys):
+            raise ConfigurationError(f"{len(blocks)} blocks for {len(keys)} full blocks of tokens")
+        if ttl is not None and not ttl > 0:
+            raise ConfigurationError("ttl must be positive")
+        views = [byte_view(b) for b in blocks]
+        return await self.store.put_keys(self.bucket, keys[:len(views)], views, ttl=ttl)
+
+    async def touch(self, tokens: Sequence[int], ttl: float | None = None) -> int:
+        """Extend the life of the cached blocks of ``tokens``; returns how many were live."""
+        return await self.store.keys_op(self.bucket, "touch", self.block_hashes(tokens), ttl=ttl)
+
+    async def pin(self, tokens: Sequence[int], seconds: float) -> int:
+        """Protect the cached blocks of ``tokens`` from eviction for ``seconds`` (bounded by the node)."""
+        if not seconds > 0:
+            raise ConfigurationError("seconds must be positive")
+        return await self.store.keys_op(self.bucket, "pin", self.block_hashes(tokens), seconds=seconds)
+
+    async def unpin(self, tokens: Sequence[int]) -> int:
+        return await self.store.keys_op(self.bucket, "unpin", self.block_hashes(tokens))
+
+    async def delete(self, tokens: Sequence[int]) -> int:
+        return await self.store.keys_op(self.bucket, "delete", self.block_hashes(tokens))
+
+    async def park(self, tokens: Sequence[int], blocks: Sequence[Any], *, ttl: float, pin: float) -> SaveResult:
+        """Save a session's context with a longer TTL and pin it, e.g. during a long tool call."""
+        result = await self.save(tokens, blocks, ttl=ttl)
+        await self.pin(tokens[:len(blocks) * self.block_size], pin)
+        return result
+
+
+def _error_of(node: Node, response: Response) -> ContextStoreError:
+    data = bytes(getattr(response.reader, "data", b""))
+    try:
+        head, _ = wire.unpack_head(data)
+        err = wire.decode_error(head)
+        return server_error(node.name, response.status, err.error, err.message)
+    except wire.WireError:
+        return server_error(node.name, response.status, "HTTP", data[:200].decode("utf-8", "replace"))
+
+
+def _as_client_error(node: Node, exc: Exception) -> ContextStoreError:
+    if isinstance(exc, ContextStoreError):
+        return exc
+    return ProtocolError(node.name, 200, getattr(exc, "code", "MalformedFrame"), str(exc))
+
+
+def _xml_code(text: str) -> str:
+    start = text.find("<Code>")
+    end = text.find("</Code>")
+    return text[start + 6:end] if 0 <= start < end else "HTTP"

@@ -1,0 +1,175 @@
+"""The pod: its nodes, which node owns a block (rendezvous hashing), and which nodes are up.
+
+Membership comes from a list of ``host:port`` or from a DNS name that resolves to several addresses (a
+Kubernetes headless service). A block's owner is the node with the highest XXH3-64 weight of the key
+seeded by the node's name: adding or removing a node moves only that node's share of the keys.
+
+A node that refuses, times out or answers 5xx is marked down: calls skip it at once (its blocks are misses)
+and a background probe asks its readiness endpoint, with jittered backoff, until it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from .errors import ConfigurationError
+from .transport import BytesReader, Pool, request_head
+
+log = logging.getLogger("ctxstore.client")
+
+READY_PATH = "/_ctx/health/ready"
+_OWNER_CACHE_LIMIT = 1 << 17
+
+
+def parse_nodes(nodes: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"a:9000,b:9000"`` or ``["http://a:9000", "b"]`` → [(host, port)]; the port defaults to 9000."""
+    items = [n.strip() for n in nodes.split(",")] if isinstance(nodes, str) else [str(n).strip() for n in nodes]
+    out: list[tuple[str, int]] = []
+    for item in items:
+        if not item:
+            continue
+        if "://" in item:
+            scheme, item = item.split("://", 1)
+            if scheme != "http":
+                raise ConfigurationError(f"unsupported scheme {scheme!r} in {item!r}: the bulk client speaks http")
+        item = item.rstrip("/")
+        host, sep, port = item.rpartition(":") if not item.endswith("]") else (item, "", "")
+        if not sep:
+            host, port = item, "9000"
+        if not port.isdigit():
+            raise ConfigurationError(f"bad node address {item!r}: expected host:port")
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise ConfigurationError("no nodes given (pass nodes=... or set CTXSTORE_NODES)")
+    return out
+
+
+def expand_dns(entries: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    """A name that resolves to several addresses (a headless service) becomes one node per address."""
+    out: list[tuple[str, int]] = []
+    for host, port in entries:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError:
+            out.append((host, port))  # unresolvable now: keep it; it will be marked down and probed
+            continue
+        addresses = sorted({info[4][0] for info in infos})
+        if len(addresses) > 1 and not _is_ip(host):
+            out.extend((addr, port) for addr in addresses)
+        else:
+            out.append((host, port))
+    return sorted(set(out))
+
+
+def _is_ip(host: str) -> bool:
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+@dataclass(eq=False)
+class Node:
+    """One node of the pod and its health."""
+
+    host: str
+    port: int
+    pool: Pool
+    up: bool = True
+    failures: int = 0
+    last_error: str = ""
+    probe: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def host_header(self) -> str:
+        return self.name if ":" not in self.host else f"[{self.host}]:{self.port}"
+
+    @property
+    def seed(self) -> int:
+        return xxhash.xxh3_64_intdigest(self.name.encode())
+
+
+class Pod:
+    """The nodes of a pod, rendezvous placement and health tracking."""
+
+    def __init__(self, addresses: Sequence[tuple[str, int]], *, pool_size: int, connect_timeout: float,
+                 read_timeout: float, probe_interval: float, max_probe_interval: float = 5.0) -> None:
+        if not addresses:
+            raise ConfigurationError("a pod needs at least one node")
+        self.nodes = [
+            Node(host, port, Pool(host, port, limit=pool_size, connect_timeout=connect_timeout,
+                                  read_timeout=read_timeout))
+            for host, port in addresses
+        ]
+        self._seeds = [n.seed for n in self.nodes]
+        self.probe_interval = probe_interval
+        self.max_probe_interval = max_probe_interval
+        self._owner_cache: dict[str, int] = {}
+
+    def owner(self, key: str) -> Node:
+        """The node that holds ``key`` (whether it is up or not)."""
+        index = self._owner_cache.get(key)
+        if index is None:
+            data = key.encode()
+            weights = [xxhash.xxh3_64_intdigest(data, seed=s) for s in self._seeds]
+            index = weights.index(max(weights))
+            if len(self._owner_cache) >= _OWNER_CACHE_LIMIT:
+                self._owner_cache.clear()
+            self._owner_cache[key] = index
+        return self.nodes[index]
+
+    def group(self, keys: Sequence[str]) -> dict[Node, list[int]]:
+        """Key indices per owning node, in key order."""
+        groups: dict[Node, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(self.owner(key), []).append(i)
+        return groups
+
+    def mark_down(self, node: Node, reason: str) -> None:
+        node.failures += 1
+        node.last_error = reason
+        if node.up:
+            node.up = False
+            node.pool.close()
+            log.warning("ctxstore node %s marked down: %s", node.name, reason)
+        if node.probe is None or node.probe.done():
+            node.probe = asyncio.get_running_loop().create_task(self._probe(node))
+
+    async def _probe(self, node: Node) -> None:
+        """Ask the node's readiness endpoint with jittered exponential backoff until it answers 200."""
+        delay = self.probe_interval
+        while True:
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            try:
+                head = request_head("GET", node.host_header, READY_PATH, [], 0)
+                response = await node.pool.request(head, (), lambda status, n: BytesReader(n))
+                if response.status == 200:
+                    node.up = True
+                    log.warning("ctxstore node %s is back", node.name)
+                    return
+            except Exception as exc:  # any failure: still down
+                node.last_error = str(exc)
+            delay = min(delay * 2, self.max_probe_interval)
+
+    def health(self) -> dict[str, dict[str, object]]:
+        return {n.name: {"up": n.up, "failures": n.failures, "last_error": n.last_error} for n in self.nodes}
+
+    def close(self) -> None:
+        for node in self.nodes:
+            if node.probe is not None:
+                node.probe.cancel()
+            node.pool.close()

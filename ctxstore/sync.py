@@ -1,0 +1,116 @@
+"""The synchronous client: the asyncio core (:mod:`ctxstore.core`) on a private event-loop thread.
+
+Every method of :class:`ContextStore` and :class:`Namespace` mirrors its async twin and returns its result;
+a test checks the two surfaces stay identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread, for calling coroutines from synchronous code."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="ctxstore-client", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("ContextStore methods cannot be called from its own loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class ContextStore:
+    """A pod of ctxstore nodes, for synchronous code (inference workers' usual case).
+
+    ``ContextStore(nodes, access_key=..., secret_key=...)``; ``nodes`` is ``"host:port,host:port"``, a list, or a
+    DNS name resolving to every node. Missing arguments come from ``CTXSTORE_NODES``,
+    ``CTXSTORE_ACCESS_KEY`` and ``CTXSTORE_SECRET_KEY``. Other keywords as for :class:`AsyncContextStore`.
+    """
+
+    def __init__(self, nodes: str | Sequence[str] | None = None, **kwargs: Any) -> None:
+        self._async = AsyncContextStore(nodes, **kwargs)
+        self._loop = _LoopThread()
+
+    def namespace(self, bucket: str, *, model: str, block_size: int = 16, scheme: str = "xxh3-128",
+                  create: bool = True, **fingerprint: Any) -> Namespace:
+        """A namespace bound to ``bucket`` and a model fingerprint; creates the bucket on every node."""
+        ns = self._loop.run(self._async.namespace(bucket, model=model, block_size=block_size, scheme=scheme,
+                                                  create=create, **fingerprint))
+        return Namespace(ns, self._loop)
+
+    def create_bucket(self, bucket: str) -> None:
+        self._loop.run(self._async.create_bucket(bucket))
+
+    def metrics_snapshot(self) -> dict[str, object]:
+        return self._loop.run(_value(self._async.metrics_snapshot))
+
+    def close(self) -> None:
+        self._loop.run(self._async.aclose())
+        self._loop.stop()
+
+    def __enter__(self) -> ContextStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Namespace:
+    """Synchronous twin of :class:`~ctxstore.core.AsyncNamespace`."""
+
+    def __init__(self, ns: AsyncNamespace, loop: _LoopThread) -> None:
+        self._ns = ns
+        self._loop = loop
+        self.bucket = ns.bucket
+        self.fingerprint = ns.fingerprint
+        self.scheme = ns.scheme
+        self.block_size = ns.block_size
+
+    def block_hashes(self, tokens: Sequence[int]) -> list[str]:
+        return self._ns.block_hashes(tokens)
+
+    def lookup(self, tokens: Sequence[int]) -> int:
+        return self._loop.run(self._ns.lookup(tokens))
+
+    def restore(self, tokens: Sequence[int], out: Any = None, *, pin: float = 0.0) -> RestoreResult:
+        return self._loop.run(self._ns.restore(tokens, out, pin=pin))
+
+    def save(self, tokens: Sequence[int], blocks: Sequence[Any], ttl: float | None = None) -> SaveResult:
+        return self._loop.run(self._ns.save(tokens, blocks, ttl))
+
+    def touch(self, tokens: Sequence[int], ttl: float | None = None) -> int:
+        return self._loop.run(self._ns.touch(tokens, ttl))
+
+    def pin(self, tokens: Sequence[int], seconds: float) -> int:
+        return self._loop.run(self._ns.pin(tokens, seconds))
+
+    def unpin(self, tokens: Sequence[int]) -> int:
+        return self._loop.run(self._ns.unpin(tokens))
+
+    def delete(self, tokens: Sequence[int]) -> int:
+        return self._loop.run(self._ns.delete(tokens))
+
+    def park(self, tokens: Sequence[int], blocks: Sequence[Any], *, ttl: float, pin: float) -> SaveResult:
+        return self._loop.run(self._ns.park(tokens, blocks, ttl=ttl, pin=pin))
+
+
+async def _value(fn: Any) -> Any:
+    return fn()

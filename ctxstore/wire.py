@@ -1,0 +1,354 @@
+"""The bulk API's wire schema, shared by the client and the server (the one place it is defined).
+
+Every call is ``POST /_ctx/v1/bulk/<bucket>/<op>``, signed with SigV4 exactly like an S3 request
+(``x-amz-content-sha256: UNSIGNED-PAYLOAD`` is allowed: payloads carry their own XXH3-64). ``_`` cannot start a
+bucket name, so the prefix never collides with S3 paths.
+
+A body is one *frame*, optionally followed by raw payload bytes::
+
+    frame   = u32 big-endian length of head ‖ head (msgpack map) ‖ payloads
+    payloads = the blocks' bytes back to back, in the order the head lists them
+
+Requests (head maps; ``v`` is the schema version, 1):
+
+=========  ======================================================================  ==========
+op         head                                                                    payloads
+=========  ======================================================================  ==========
+lookup     ``{v, keys: [str], pin: float}``                                        none
+get        ``{v, keys: [str], pin: float}``                                        none
+put        ``{v, keys: [str], sizes: [int], xxh3: [int], ttl: float|None,          the blocks
+           if_absent: bool}``
+touch      ``{v, keys: [str], ttl: float|None}``                                   none
+pin        ``{v, keys: [str], seconds: float}``                                    none
+unpin      ``{v, keys: [str]}``                                                    none
+delete     ``{v, keys: [str]}``                                                    none
+=========  ======================================================================  ==========
+
+Responses (status 200):
+
+=========  ======================================================================  ==========
+lookup     ``{v, prefix: int, sizes: [int]}`` — size −1 where absent; ``prefix`` =   none
+           number of leading keys present
+get        ``{v, sizes: [int], xxh3: [int], expires: [float]}`` — size −1 where      present blocks,
+           absent                                                                  in key order
+put        ``{v, results: [str]}`` — ``stored`` / ``exists`` / ``rejected``          none
+           per key, plus ``errors: {str(index): message}`` for rejected ones
+           (string keys: heads are decoded with ``strict_map_key``)
+touch/pin  ``{v, count: int}`` — keys that were live                               none
+/unpin/
+delete
+=========  ======================================================================  ==========
+
+Errors: a non-200 status with head ``{v, error: <code>, message: str}``; codes are listed in
+:data:`ERROR_STATUS`. A request that fails validation changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+VERSION = 1
+PREFIX = "/_ctx/v1/bulk"
+OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete")
+HEAD_LEN = struct.Struct(">I")
+MAX_HEAD_BYTES = 16 << 20  # a head bigger than this is malformed whatever the key limits say
+ABSENT = -1
+MAX_KEY_BYTES = 1024
+
+# Error code -> HTTP status. The client maps codes onto its exception tree from this same table.
+ERROR_STATUS: dict[str, int] = {
+    "MalformedFrame": 400,
+    "TooManyKeys": 400,
+    "TooManyBytes": 413,
+    "InvalidArgument": 400,
+    "IncompleteBody": 400,
+    "AccessDenied": 403,
+    "InvalidAccessKeyId": 403,
+    "SignatureDoesNotMatch": 403,
+    "RequestTimeTooSkewed": 403,
+    "NoSuchBucket": 404,
+    "NoSuchOperation": 404,
+    "MethodNotAllowed": 405,
+    "SlowDown": 503,
+    "RequestTimeout": 408,
+    "InternalError": 500,
+}
+
+
+class WireError(ValueError):
+    """A frame that does not follow the schema; ``code`` is a row of :data:`ERROR_STATUS`."""
+
+    def __init__(self, message: str, code: str = "MalformedFrame") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def path(bucket: str, op: str) -> str:
+    """The request path of ``op`` on ``bucket`` (bucket names need no escaping)."""
+    return f"{PREFIX}/{bucket}/{op}"
+
+
+# ---------------------------------------------------------------------------- frames
+
+
+def pack_head(head: dict[str, Any]) -> bytes:
+    """``u32 length ‖ msgpack(head)``."""
+    body = msgpack.packb({"v": VERSION, **head}, use_bin_type=True)
+    return HEAD_LEN.pack(len(body)) + body
+
+
+def unpack_head(buf: bytes | bytearray | memoryview) -> tuple[dict[str, Any], int]:
+    """Parse the head at the start of ``buf``; returns (head, offset of the first payload byte)."""
+    if len(buf) < HEAD_LEN.size:
+        raise WireError("frame shorter than its length prefix")
+    (n,) = HEAD_LEN.unpack_from(buf, 0)
+    if n > MAX_HEAD_BYTES:
+        raise WireError(f"frame head of {n} bytes exceeds {MAX_HEAD_BYTES}")
+    end = HEAD_LEN.size + n
+    if len(buf) < end:
+        raise WireError("frame truncated inside its head", "IncompleteBody")
+    try:
+        head = msgpack.unpackb(bytes(buf[HEAD_LEN.size:end]), raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several types for garbage
+        raise WireError(f"frame head is not valid msgpack: {exc}") from None
+    if not isinstance(head, dict):
+        raise WireError("frame head must be a map")
+    if head.get("v") != VERSION:
+        raise WireError(f"unsupported schema version {head.get('v')!r} (this side speaks {VERSION})")
+    return head, end
+
+
+def head_length(prefix: bytes | bytearray | memoryview) -> int:
+    """Total bytes of length prefix + head, given at least the first 4 bytes."""
+    if len(prefix) < HEAD_LEN.size:
+        raise WireError("frame shorter than its length prefix")
+    (n,) = HEAD_LEN.unpack_from(prefix, 0)
+    if n > MAX_HEAD_BYTES:
+        raise WireError(f"frame head of {n} bytes exceeds {MAX_HEAD_BYTES}")
+    return HEAD_LEN.size + n
+
+
+# ---------------------------------------------------------------------------- field checks
+
+
+def _keys(head: dict[str, Any], max_keys: int) -> list[str]:
+    keys = head.get("keys")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise WireError("'keys' must be a list of strings")
+    if len(keys) > max_keys:
+        raise WireError(f"{len(keys)} keys exceed the limit of {max_keys} per call", "TooManyKeys")
+    for k in keys:
+        if not k or len(k.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise WireError("keys must be 1 to 1024 bytes of UTF-8", "InvalidArgument")
+    return keys
+
+
+def _number(head: dict[str, Any], name: str, default: float | None, *, optional: bool = False) -> float | None:
+    value = head.get(name, default)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise WireError(f"'{name}' must be a non-negative number", "InvalidArgument")
+    return float(value)
+
+
+def _count(head: dict[str, Any], name: str, hi: int) -> int:
+    value = head.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+        raise WireError(f"'{name}' must be an integer in [0, {hi}]")
+    return value
+
+
+def _ints(head: dict[str, Any], name: str, n: int, lo: int, hi: int) -> list[int]:
+    values = head.get(name)
+    if not isinstance(values, list) or len(values) != n:
+        raise WireError(f"'{name}' must be a list with one entry per key")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise WireError(f"'{name}' entries must be integers in [{lo}, {hi}]")
+    return values
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+@dataclass
+class KeysRequest:
+    """lookup / get / touch / pin / unpin / delete: keys plus one optional number."""
+
+    keys: list[str]
+    pin: float = 0.0  # lookup, get: seconds to pin matched blocks (0 = no pin)
+    ttl: float | None = None  # touch
+    seconds: float = 0.0  # pin
+
+
+@dataclass
+class PutRequest:
+    keys: list[str]
+    sizes: list[int]
+    xxh3: list[int]
+    ttl: float | None = None
+    if_absent: bool = True
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(self.sizes)
+
+
+def encode_keys_request(op: str, req: KeysRequest) -> bytes:
+    head: dict[str, Any] = {"keys": req.keys}
+    if op in ("lookup", "get"):
+        head["pin"] = req.pin
+    elif op == "touch":
+        head["ttl"] = req.ttl
+    elif op == "pin":
+        head["seconds"] = req.seconds
+    return pack_head(head)
+
+
+def decode_keys_request(op: str, head: dict[str, Any], max_keys: int) -> KeysRequest:
+    keys = _keys(head, max_keys)
+    if op in ("lookup", "get"):
+        return KeysRequest(keys, pin=_number(head, "pin", 0.0) or 0.0)
+    if op == "touch":
+        return KeysRequest(keys, ttl=_number(head, "ttl", None, optional=True))
+    if op == "pin":
+        seconds = _number(head, "seconds", None)
+        if not seconds:
+            raise WireError("'seconds' must be positive", "InvalidArgument")
+        return KeysRequest(keys, seconds=seconds)
+    return KeysRequest(keys)
+
+
+def encode_put_head(req: PutRequest) -> bytes:
+    return pack_head({"keys": req.keys, "sizes": req.sizes, "xxh3": req.xxh3, "ttl": req.ttl,
+                      "if_absent": req.if_absent})
+
+
+def decode_put_request(head: dict[str, Any], max_keys: int, max_bytes: int) -> PutRequest:
+    keys = _keys(head, max_keys)
+    sizes = _ints(head, "sizes", len(keys), 0, 1 << 62)  # one block over max_bytes is TooManyBytes, below
+    xxh3 = _ints(head, "xxh3", len(keys), 0, (1 << 64) - 1)
+    if sum(sizes) > max_bytes:
+        raise WireError(f"{sum(sizes)} payload bytes exceed the limit of {max_bytes} per call", "TooManyBytes")
+    ttl = _number(head, "ttl", None, optional=True)
+    if ttl == 0:
+        raise WireError("'ttl' must be positive", "InvalidArgument")
+    if_absent = head.get("if_absent", True)
+    if not isinstance(if_absent, bool):
+        raise WireError("'if_absent' must be a boolean")
+    return PutRequest(keys, sizes, xxh3, ttl, if_absent)
+
+
+# ---------------------------------------------------------------------------- responses
+
+
+@dataclass
+class LookupResponse:
+    prefix: int
+    sizes: list[int]  # ABSENT where missing
+
+
+@dataclass
+class GetResponse:
+    sizes: list[int]  # ABSENT where missing; present payloads follow the head in key order
+    xxh3: list[int]
+    expires: list[float]
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(s for s in self.sizes if s > 0)
+
+
+@dataclass
+class PutResponse:
+    results: list[str]  # "stored" | "exists" | "rejected"
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class CountResponse:
+    count: int
+
+
+@dataclass
+class ErrorResponse:
+    error: str
+    message: str
+
+
+def encode_lookup_response(r: LookupResponse) -> bytes:
+    return pack_head({"prefix": r.prefix, "sizes": r.sizes})
+
+
+def decode_lookup_response(head: dict[str, Any], n_keys: int) -> LookupResponse:
+    sizes = _ints(head, "sizes", n_keys, ABSENT, 1 << 62)
+    return LookupResponse(_count(head, "prefix", n_keys), sizes)
+
+
+def encode_get_head(r: GetResponse) -> bytes:
+    return pack_head({"sizes": r.sizes, "xxh3": r.xxh3, "expires": r.expires})
+
+
+def decode_get_head(head: dict[str, Any], n_keys: int) -> GetResponse:
+    sizes = _ints(head, "sizes", n_keys, ABSENT, 1 << 62)
+    xxh3 = _ints(head, "xxh3", n_keys, 0, (1 << 64) - 1)
+    expires = head.get("expires")
+    if not isinstance(expires, list) or len(expires) != n_keys or not all(
+        isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) for e in expires
+    ):
+        raise WireError("'expires' must be a list with one finite number per key")
+    return GetResponse(sizes, xxh3, [float(e) for e in expires])
+
+
+PUT_RESULTS = ("stored", "exists", "rejected")
+
+
+def encode_put_response(r: PutResponse) -> bytes:
+    return pack_head({"results": r.results, "errors": {str(i): msg for i, msg in r.errors.items()}})
+
+
+def decode_put_response(head: dict[str, Any], n_keys: int) -> PutResponse:
+    results = head.get("results")
+    if not isinstance(results, list) or len(results) != n_keys or not all(r in PUT_RESULTS for r in results):
+        raise WireError("'results' must hold one of stored/exists/rejected per key")
+    errors = head.get("errors") or {}
+    if not isinstance(errors, dict):
+        raise WireError("'errors' must be a map")
+    out: dict[int, str] = {}
+    for k, v in errors.items():
+        index = int(k) if isinstance(k, str) and k.isdecimal() and k.isascii() else -1
+        if not 0 <= index < n_keys or not isinstance(v, str):
+            raise WireError("'errors' must map key indexes (as strings) to messages")
+        out[index] = v
+    return PutResponse(results, out)
+
+
+def encode_count_response(r: CountResponse) -> bytes:
+    return pack_head({"count": r.count})
+
+
+def decode_count_response(head: dict[str, Any]) -> CountResponse:
+    return CountResponse(_count(head, "count", 1 << 62))
+
+
+def encode_error(code: str, message: str) -> bytes:
+    return pack_head({"error": code, "message": message})
+
+
+def decode_error(head: dict[str, Any]) -> ErrorResponse:
+    return ErrorResponse(str(head.get("error", "InternalError")), str(head.get("message", "")))
+
+
+def prefix_length(sizes: Sequence[int]) -> int:
+    """Number of leading present entries."""
+    for i, size in enumerate(sizes):
+        if size == ABSENT:
+            return i
+    return len(sizes)
