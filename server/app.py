@@ -8,7 +8,10 @@ import contextlib
 import logging
 import time
 
+from ctxstore import wire
+
 from .asgi import Receive, Scope, Send, send_response
+from .bulk import BulkService
 from .engine.store import Engine, EngineConfig
 from .s3.service import S3Service
 from .settings import Settings
@@ -17,6 +20,7 @@ from .tenants import TenantRegistry
 log = logging.getLogger("ctxstore")
 
 RESERVED_PREFIX = "/_ctx/"
+BULK_PREFIX = wire.PREFIX + "/"  # the bulk API (server/bulk.py)
 HOUSEKEEPING_INTERVAL = 0.25  # seconds between bounded reaping passes
 HOUSEKEEPING_BATCH = 5000  # expired objects dropped per pass at most
 
@@ -41,6 +45,7 @@ class App:
         self.tenants = tenants
         self.engine = engine or Engine(engine_config(settings))
         self.s3 = S3Service(self.engine, tenants.lookup, settings)
+        self.bulk = BulkService(self.engine, tenants.lookup, settings)
         self.started = time.time()
         self.draining = False
         self._housekeeper: asyncio.Task[None] | None = None
@@ -48,7 +53,9 @@ class App:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if scope["path"].startswith(RESERVED_PREFIX):
+            if scope["path"].startswith(BULK_PREFIX):
+                await self.bulk(scope, receive, send)
+            elif scope["path"].startswith(RESERVED_PREFIX):
                 await self._reserved(scope, receive, send)
             else:
                 await self.s3(scope, receive, send)
