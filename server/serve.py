@@ -8,8 +8,10 @@ connections, lets in-flight requests finish (``drain_timeout``) and exits 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -55,15 +57,35 @@ def build_tenants(settings: Settings, out=sys.stdout) -> TenantRegistry:  # noqa
     return tenants
 
 
-def protocol_with_header_limit(limit: int) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a cap on the request line plus headers (no cap of its own)."""
+def protocol_with_header_limit(
+    limit: int, idle_timeout: float | None = None, header_timeout: float | None = None
+) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a cap on the request line plus headers (no cap of its own), and
+    deadlines uvicorn lacks: a new connection that sends nothing closes after ``idle_timeout`` (uvicorn only
+    times out idle connections after a first response), and a request whose line and headers are still
+    incomplete ``header_timeout`` after its first byte closes (uvicorn cancels its only timer on any byte, so a
+    client dribbling a header would hold the connection forever)."""
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _header_bytes = 0
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:  # noqa: ANN001
+            super().connection_made(transport)
+            self._arm(idle_timeout)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
             self._header_bytes = 0
+            self._arm(header_timeout)
             super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
 
         def on_url(self, url: bytes) -> None:
             self._count(len(url))
@@ -79,6 +101,33 @@ def protocol_with_header_limit(limit: int) -> type[HttpToolsProtocol]:
                 # Raised inside a parser callback: uvicorn answers 400 and closes the connection.
                 raise ValueError("request headers too large")
 
+        def shutdown(self) -> None:
+            # On SIGTERM uvicorn closes idle connections and waits until every one is gone. Closing a TLS
+            # connection waits for the peer's close_notify (up to 30 s), which an idle pooled client never
+            # sends: the drain would last the whole drain_timeout with nothing in flight. A connection with
+            # no request in progress and nothing left to write is dropped at once instead.
+            idle = self.cycle is None or self.cycle.response_complete
+            if idle and not self.transport.get_write_buffer_size():
+                self._disarm()
+                self.transport.abort()
+            else:
+                super().shutdown()
+
+        def _arm(self, timeout: float | None) -> None:
+            self._disarm()
+            if timeout is not None:
+                self._header_timer = self.loop.call_later(timeout, self._headers_timed_out)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_timed_out(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
     return LimitedHttpToolsProtocol
 
 
@@ -88,12 +137,13 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=protocol_with_header_limit(settings.max_header_size),
+        http=protocol_with_header_limit(settings.max_header_size, settings.keepalive_timeout,
+                                        settings.body_timeout),
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,
-        timeout_keep_alive=int(settings.keepalive_timeout),
-        timeout_graceful_shutdown=int(settings.drain_timeout),
+        timeout_keep_alive=settings.keepalive_timeout,
+        timeout_graceful_shutdown=settings.drain_timeout,
         server_header=False,
         ssl_certfile=settings.tls_cert or None,
         ssl_keyfile=settings.tls_key or None,
@@ -129,7 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ctxstore: serving S3 on {scheme}://{settings.host}:{settings.port} "
           f"(budget {settings.memory} bytes, default TTL {settings.default_ttl:g}s)", flush=True)
     print(f"  e.g. aws --endpoint-url {scheme}://{settings.host}:{settings.port} s3 ls", flush=True)
-    DrainingServer(uvicorn_config(app, settings), app).run()
+    server = DrainingServer(uvicorn_config(app, settings), app)
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # uvicorn drains on SIGTERM, then re-raises the signal once its own handler is gone; that second
+        # delivery lands here and must not kill the process (the drain is done: exit 0). A SIGTERM that
+        # arrives before uvicorn installed its handler just stops the node.
+        if not server.should_exit:
+            raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    server.run()
     return 0
 
 

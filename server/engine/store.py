@@ -86,8 +86,10 @@ class Engine:
         self.parts_bytes = 0  # of which: multipart parts
         self.pinned_bytes = 0  # of which: objects pinned right now (refreshed lazily)
         self._lru: OrderedDict[StoredObject, None] = OrderedDict()  # least recently used first
-        self._expiry: list[tuple[float, int, StoredObject]] = []  # heap; stale entries are skipped
-        self._pins: list[tuple[float, int, StoredObject]] = []  # heap of pin ends; stale entries skipped
+        # Heaps of (time, seq, bucket, key). They name objects rather than hold them, so a removed object's
+        # payload is freed at once instead of lingering until its old expiry; stale entries are skipped.
+        self._expiry: list[tuple[float, int, str, str]] = []
+        self._pins: list[tuple[float, int, str, str]] = []  # pin ends
         self._seq = itertools.count()
         self.on_store: list[StoreListener] = []
         self.on_remove: list[RemovalListener] = []
@@ -188,17 +190,24 @@ class Engine:
                 break
             if stop_when_fits is not None and self.used + stop_when_fits <= self.config.budget:
                 break
-            expires_at, _, obj = heapq.heappop(heap)
-            if obj.live and obj.expires_at == expires_at:
+            expires_at, _, bucket, key = heapq.heappop(heap)
+            obj = self._find(bucket, key)
+            if obj is not None and obj.expires_at == expires_at:
                 self._remove(obj, "expired")
                 removed += 1
         return removed
 
+    def _find(self, bucket: str, key: str) -> StoredObject | None:
+        """The live object at (bucket, key) whatever its expiry, or None."""
+        b = self.buckets.get(bucket)
+        return None if b is None else b.objects.get(key)
+
     def _drain_pins(self, now: float) -> None:
         heap = self._pins
         while heap and heap[0][0] <= now:
-            until, _, obj = heapq.heappop(heap)
-            if obj.live and obj.pinned_until == until:
+            until, _, bucket, key = heapq.heappop(heap)
+            obj = self._find(bucket, key)
+            if obj is not None and obj.pinned_until == until:
                 self.pinned_bytes -= obj.charge
                 obj.pinned_until = 0.0  # drained: no longer counted in pinned_bytes
 
@@ -211,7 +220,7 @@ class Engine:
         for upload in stale[:limit]:
             self._drop_upload(upload)
         if len(self._expiry) > 2 * len(self._lru) + 1024:  # stale entries from TTL changes: compact
-            self._expiry = [e for e in self._expiry if e[2].live and e[2].expires_at == e[0]]
+            self._expiry = [e for e in self._expiry if (o := self._find(e[2], e[3])) and o.expires_at == e[0]]
             heapq.heapify(self._expiry)
         return removed
 
@@ -290,7 +299,7 @@ class Engine:
     def _insert(self, bucket: Bucket, obj: StoredObject) -> None:
         bucket.objects[obj.key] = obj
         self._lru[obj] = None
-        heapq.heappush(self._expiry, (obj.expires_at, next(self._seq), obj))
+        heapq.heappush(self._expiry, (obj.expires_at, next(self._seq), obj.bucket, obj.key))
         self.used += obj.charge
         bucket.stats.objects += 1
         bucket.stats.bytes += obj.size
@@ -398,7 +407,7 @@ class Engine:
             if not obj.pinned_until:  # not counted yet (an ended pin stays counted until drained)
                 self.pinned_bytes += obj.charge
             obj.pinned_until = until
-            heapq.heappush(self._pins, (until, next(self._seq), obj))
+            heapq.heappush(self._pins, (until, next(self._seq), obj.bucket, obj.key))
         return count
 
     def unpin(self, tenant: str, bucket_name: str, keys: Iterable[str]) -> int:
@@ -430,7 +439,7 @@ class Engine:
 
     def _set_expiry(self, obj: StoredObject, expires_at: float) -> None:
         obj.expires_at = expires_at
-        heapq.heappush(self._expiry, (expires_at, next(self._seq), obj))
+        heapq.heappush(self._expiry, (expires_at, next(self._seq), obj.bucket, obj.key))
 
     # ------------------------------------------------------------------ multipart uploads
 
