@@ -101,9 +101,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("bulk_max_bytes", SIZE, 1 << 30, "CTXSTORE_BULK_MAX_BYTES",
             "Most payload bytes one bulk put may carry; more get TooManyBytes before the payloads are read."),
     Setting("body_timeout", DURATION, 30.0, "CTXSTORE_BODY_TIMEOUT",
-            "A request body that stalls this long fails with RequestTimeout."),
+            "A request body that stalls this long fails with RequestTimeout; headers must also arrive within it."),
     Setting("keepalive_timeout", DURATION, 30.0, "CTXSTORE_KEEPALIVE_TIMEOUT",
-            "Idle keep-alive connections close after this."),
+            "Idle connections (kept alive, or new and silent) close after this."),
     Setting("drain_timeout", DURATION, 30.0, "CTXSTORE_DRAIN_TIMEOUT",
             "On SIGTERM, in-flight requests get this long to finish."),
     Setting("tls_cert", STR, "", "CTXSTORE_TLS_CERT", "PEM certificate: serve HTTPS (with --tls-key)."),
@@ -154,9 +154,12 @@ def resolve(args: argparse.Namespace | None = None, env: Mapping[str, str] | Non
         if raw is None:
             continue
         try:
-            values[s.name] = s.type.parse(raw)
+            value = s.type.parse(raw)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
+        if s.type in (SIZE, DURATION, INT) and not value > 0:
+            raise ValueError(f"{source}: must be positive, got {raw!r}")
+        values[s.name] = value
     return Settings(values)
 
 
