@@ -6,16 +6,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 
 from ctxstore import wire
+from fastapi import HTTPException
 
+from .admin.api import PREFIX as ADMIN_PREFIX
+from .admin.api import create_admin_app
 from .asgi import Receive, Scope, Send, send_response
 from .bulk import BulkService
 from .engine.store import Engine, EngineConfig
 from .s3.service import S3Service
 from .settings import Settings
-from .tenants import TenantRegistry
+from .tenants import TenantRegistry, generate_credentials
 
 log = logging.getLogger("ctxstore")
 
@@ -48,6 +52,9 @@ class App:
         self.bulk = BulkService(self.engine, tenants.lookup, settings)
         self.started = time.time()
         self.draining = False
+        self.node_id = settings.node_id or f"{socket.gethostname()}:{settings.port}"
+        self.admin_token: str = settings.admin_token
+        self.admin = create_admin_app(self)
         self._housekeeper: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,12 +62,61 @@ class App:
         if kind == "http":
             if scope["path"].startswith(BULK_PREFIX):
                 await self.bulk(scope, receive, send)
+            elif scope["path"].startswith(ADMIN_PREFIX):
+                if not self.admin_token:
+                    await send_response(send, 403, [("content-type", "application/json")],
+                                        b'{"detail":"admin API disabled: set CTXSTORE_ADMIN_TOKEN"}')
+                    return
+                await self.admin(scope, receive, send)
             elif scope["path"].startswith(RESERVED_PREFIX):
                 await self._reserved(scope, receive, send)
             else:
                 await self.s3(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    # ------------------------------------------------------------------ tenants (used by the admin API)
+
+    def list_tenants(self) -> list[dict[str, object]]:
+        return [
+            {"tenant": e.credentials.tenant, "access_key": e.credentials.access_key, "enabled": e.enabled,
+             "quota": self.engine.tenant_quota.get(e.credentials.tenant, 0),
+             "charged": self.engine.tenant_charged.get(e.credentials.tenant, 0)}
+            for e in self.tenants.entries()
+        ]
+
+    def create_tenant_key(self, tenant: str, quota: int | None = None, access_key: str | None = None,
+                          secret_key: str | None = None) -> dict[str, object]:
+        """Add a key pair for ``tenant`` (generated unless given, so a CLI can give every node the same pair)."""
+        if not access_key or not secret_key:
+            access_key, secret_key = generate_credentials()
+        try:
+            self.tenants.add(tenant, access_key, secret_key)
+        except ValueError as exc:
+            raise HTTPException(409, str(exc)) from None
+        if quota is not None:
+            self.engine.set_tenant_quota(tenant, quota)
+        return {"tenant": tenant, "access_key": access_key, "secret_key": secret_key,
+                "quota": self.engine.tenant_quota.get(tenant, 0)}
+
+    def update_tenant_key(self, access_key: str, *, enabled: bool | None, quota: int | None) -> dict[str, object]:
+        try:
+            entry = self.tenants.set_enabled(access_key, enabled) if enabled is not None else None
+            if entry is None:
+                entry = next(e for e in self.tenants.entries() if e.credentials.access_key == access_key)
+        except (KeyError, StopIteration):
+            raise HTTPException(404, f"no access key {access_key}") from None
+        if quota is not None:
+            self.engine.set_tenant_quota(entry.credentials.tenant, quota)
+        return {"tenant": entry.credentials.tenant, "access_key": access_key, "enabled": entry.enabled,
+                "quota": self.engine.tenant_quota.get(entry.credentials.tenant, 0)}
+
+    def delete_tenant_key(self, access_key: str) -> dict[str, object]:
+        try:
+            entry = self.tenants.remove(access_key)
+        except KeyError:
+            raise HTTPException(404, f"no access key {access_key}") from None
+        return {"tenant": entry.credentials.tenant, "access_key": access_key, "deleted": True}
 
     async def _reserved(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]

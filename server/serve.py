@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import secrets
 import signal
 import sys
 
@@ -55,6 +56,18 @@ def build_tenants(settings: Settings, out=sys.stdout) -> TenantRegistry:  # noqa
         print(f"  export AWS_ACCESS_KEY_ID={access}", file=out)
         print(f"  export AWS_SECRET_ACCESS_KEY={secret}", file=out)
     return tenants
+
+
+def ensure_admin_token(settings: Settings, out=sys.stdout) -> None:  # noqa: ANN001
+    """Generate and print an admin token on a loopback start without one; elsewhere the admin API stays off."""
+    if settings.admin_token:
+        return
+    if is_loopback(settings.host):
+        settings.admin_token = secrets.token_urlsafe(24)
+        print("ctxstore: no admin token configured; generated for this run (loopback only):", file=out)
+        print(f"  export CTXSTORE_ADMIN_TOKEN={settings.admin_token}", file=out)
+    else:
+        print("ctxstore: CTXSTORE_ADMIN_TOKEN is not set: the admin API and /metrics are disabled", file=out)
 
 
 def protocol_with_header_limit(
@@ -171,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         tenants = build_tenants(settings)
     except ValueError as exc:
         parser.error(str(exc))
+    ensure_admin_token(settings)
     if bool(settings.tls_cert) != bool(settings.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

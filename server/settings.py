@@ -86,6 +86,10 @@ SETTINGS: tuple[Setting, ...] = (
             "Enables virtual-hosted-style requests: Host `<bucket>.<domain>` addresses that bucket."),
     Setting("access_key", STR, "", "CTXSTORE_ACCESS_KEY", "Access key of the default tenant.", flag=False),
     Setting("secret_key", STR, "", "CTXSTORE_SECRET_KEY", "Secret key of the default tenant.", flag=False),
+    Setting("admin_token", STR, "", "CTXSTORE_ADMIN_TOKEN",
+            "Bearer token of the admin API and /metrics. Generated and printed on a loopback start when unset; "
+            "without it a non-loopback node serves no admin API.", flag=False),
+    Setting("node_id", STR, "", "CTXSTORE_NODE_ID", "This node's name in stats and events (default: host:port)."),
     Setting("tenants_file", STR, "", "CTXSTORE_TENANTS_FILE",
             "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ...}]."),
     Setting("max_object_size", SIZE, 5 << 30, "CTXSTORE_MAX_OBJECT_SIZE", "Largest object or part body accepted."),
@@ -127,7 +131,8 @@ class Settings:
     def as_dict(self, *, redact: bool = True) -> dict[str, Any]:
         out = {s.name: getattr(self, s.name) for s in SETTINGS}
         if redact:
-            out["secret_key"] = "***" if out["secret_key"] else ""
+            for secret in ("secret_key", "admin_token"):
+                out[secret] = "***" if out[secret] else ""
         return out
 
     def __getattr__(self, name: str) -> Any:  # for type checkers: attributes are set dynamically

@@ -49,6 +49,25 @@ class TenantRegistry:
             return None
         return entry.credentials
 
+    def entries(self) -> list[TenantKey]:
+        return sorted(self._keys.values(), key=lambda k: (k.credentials.tenant, k.credentials.access_key))
+
+    def set_enabled(self, access_key: str, enabled: bool) -> TenantKey:
+        entry = self._get(access_key)
+        entry.enabled = enabled
+        return entry
+
+    def remove(self, access_key: str) -> TenantKey:
+        entry = self._get(access_key)
+        del self._keys[access_key]
+        return entry
+
+    def _get(self, access_key: str) -> TenantKey:
+        entry = self._keys.get(access_key)
+        if entry is None:
+            raise KeyError(access_key)
+        return entry
+
     def tenants(self) -> list[str]:
         return sorted({k.credentials.tenant for k in self._keys.values()})
 

@@ -103,7 +103,9 @@ def check_accounting(engine: Engine) -> None:
         assert bucket.stats.objects == len(bucket.objects)
         assert bucket.stats.bytes == sum(o.size for o in bucket.objects.values())
         assert all(o.bucket == bucket.name and o.key == k for k, o in bucket.objects.items())
-    assert set(engine._lru) == set(objs) and len(engine._lru) == len(objs)
+    for bucket in engine.buckets.values():  # each bucket's LRU list holds exactly its live objects
+        assert set(bucket.lru) == set(bucket.objects.values()) and len(bucket.lru) == len(bucket.objects)
+        assert bucket.stats.charged == sum(o.charge for o in bucket.objects.values())
     st_ = engine.stats()
     assert st_["objects"] == len(objs)
     assert st_["bytes"] == sum(o.size for o in objs)
@@ -1126,6 +1128,7 @@ class EngineMachine(RuleBasedStateMachine):
         data = payload(self.counter, size)
         reservation = None
         if reserve:  # as the protocol layer does: room first (this may evict or reap the current object)
+            self.events.clear()  # only this reservation's evictions are judged below
             reservation = self._reserve(size)
             if reservation is None:
                 return
@@ -1361,7 +1364,9 @@ class EngineMachine(RuleBasedStateMachine):
         for bucket in engine.buckets.values():
             assert bucket.stats.objects == len(bucket.objects)
             assert bucket.stats.bytes == sum(o.size for o in bucket.objects.values())
-        assert set(engine._lru) == set(objs) and len(engine._lru) == len(objs)
+        for bucket in engine.buckets.values():  # each bucket's LRU list holds exactly its live objects
+            assert set(bucket.lru) == set(bucket.objects.values()) and len(bucket.lru) == len(bucket.objects)
+            assert bucket.stats.charged == sum(o.charge for o in bucket.objects.values())
         assert engine.pinned_bytes >= sum(o.charge for o in objs if o.pinned(now))
         for name in BUCKETS:
             assert keys_of(engine, name) == sorted(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -23,7 +24,7 @@ class StoredObject:
 
     __slots__ = (
         "bucket", "key", "data", "size", "etag", "xxh3", "created", "ttl", "expires_at", "pinned_until",
-        "content_type", "headers", "user_meta", "checksums", "parts_count", "charge", "live",
+        "content_type", "headers", "user_meta", "checksums", "parts_count", "charge", "live", "tick",
     )
 
     def __init__(
@@ -59,6 +60,7 @@ class StoredObject:
         self.parts_count = parts_count
         self.charge = object_charge(key, data, headers, user_meta, checksums)
         self.live = True  # False once removed: stale heap entries and lingering readers check it
+        self.tick = 0  # engine-wide access counter at the last write or read: compares recency across buckets
 
     def expired(self, now: float) -> bool:
         return self.expires_at <= now
@@ -89,9 +91,19 @@ class BucketStats:
     expirations: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    pinned_bytes: int = 0  # a level: charge of objects pinned (until the engine drains ended pins)
+    charged: int = 0  # a level: bytes the bucket's objects count against budget and quotas
+
+    LEVELS = ("objects", "bytes", "pinned_bytes", "charged")
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+    def reset(self) -> None:
+        """Zero the counters; levels stay."""
+        for f in dataclasses.fields(self):
+            if f.name not in self.LEVELS:
+                setattr(self, f.name, 0)
 
 
 @dataclass
@@ -103,8 +115,13 @@ class Bucket:
     created: float
     default_ttl: float | None = None  # falls back to the server default
     sliding_ttl: bool = False  # reads push the expiry forward by the object's TTL class
+    quota: int = 0  # bytes the bucket may hold (0 = no quota); over it, its own LRU objects go first
     objects: SortedDict = field(default_factory=SortedDict)  # key -> StoredObject
+    lru: OrderedDict = field(default_factory=OrderedDict)  # StoredObject -> None, least recently used first
     stats: BucketStats = field(default_factory=BucketStats)
+
+    def policy(self) -> dict[str, object]:
+        return {"default_ttl": self.default_ttl, "sliding_ttl": self.sliding_ttl, "quota": self.quota}
 
 
 @dataclass

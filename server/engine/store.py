@@ -17,8 +17,8 @@ import heapq
 import itertools
 import secrets
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -85,7 +85,9 @@ class Engine:
         self.reserved = 0  # of which: reservations for uploads in flight
         self.parts_bytes = 0  # of which: multipart parts
         self.pinned_bytes = 0  # of which: objects pinned right now (refreshed lazily)
-        self._lru: OrderedDict[StoredObject, None] = OrderedDict()  # least recently used first
+        self._ticks = itertools.count(1)  # recency: every write and recorded read takes the next tick
+        self.tenant_quota: dict[str, int] = {}  # tenant -> bytes it may hold (absent/0 = no quota)
+        self.tenant_charged: dict[str, int] = {}  # tenant -> bytes its objects count
         # Heaps of (time, seq, bucket, key). They name objects rather than hold them, so a removed object's
         # payload is freed at once instead of lingering until its old expiry; stale entries are skipped.
         self._expiry: list[tuple[float, int, str, str]] = []
@@ -168,19 +170,36 @@ class Engine:
             evictable -= credit
         if self.used - credit - evictable + need > budget:
             raise errors.InsufficientCapacity("everything left in the budget is pinned or being written")
+        self._evict_lru(lambda: self.used - credit + need <= budget, self.buckets.values(), now, replacing)
+
+    def _evict_lru(self, fits: Callable[[], bool], buckets: Iterable[Bucket], now: float,
+                   spare: StoredObject | None = None) -> None:
+        """Evict least recently used objects of ``buckets`` until ``fits()``, never a pinned one (nor ``spare``).
+
+        Each bucket keeps its own LRU list; the victim is the oldest head across them (objects carry an
+        engine-wide access tick), so quotas can evict within a bucket or a tenant with the same mechanism."""
+        candidates = list(buckets)
         stepped_over = 0
-        while self.used - credit + need > budget:
-            if not self._lru:
+        limit = min(self.config.max_pinned_scan, sum(len(b.lru) for b in candidates))
+        while not fits():
+            victim: StoredObject | None = None
+            home: Bucket | None = None
+            for bucket in candidates:
+                if bucket.lru:
+                    head = next(iter(bucket.lru))
+                    if victim is None or head.tick < victim.tick:
+                        victim, home = head, bucket
+            if victim is None or home is None:
                 raise errors.InsufficientCapacity("nothing left to evict")
-            obj, _ = self._lru.popitem(last=False)
-            if obj.pinned(now) or obj is replacing:
-                # Pinned: step over it. It goes to the recent end; it is revisited only after everything else.
-                self._lru[obj] = None
+            if victim.pinned(now) or victim is spare:
+                # Step over it: it goes to its list's recent end and is revisited only after everything else.
+                home.lru.move_to_end(victim)
+                victim.tick = next(self._ticks)
                 stepped_over += 1
-                if stepped_over > self.config.max_pinned_scan:
-                    raise errors.InsufficientCapacity("too many pinned objects to step over")
+                if stepped_over > limit:
+                    raise errors.InsufficientCapacity("everything left to evict is pinned")
                 continue
-            self._remove(obj, "evicted")
+            self._remove(victim, "evicted")
 
     def _reap_expired(self, now: float, limit: int | None, stop_when_fits: int | None = None) -> int:
         removed = 0
@@ -209,6 +228,7 @@ class Engine:
             obj = self._find(bucket, key)
             if obj is not None and obj.pinned_until == until:
                 self.pinned_bytes -= obj.charge
+                self.buckets[bucket].stats.pinned_bytes -= obj.charge
                 obj.pinned_until = 0.0  # drained: no longer counted in pinned_bytes
 
     def reap(self, limit: int = 10000) -> int:
@@ -219,7 +239,7 @@ class Engine:
         stale = [u for u in self.uploads.values() if u.created + self.config.upload_ttl <= now]
         for upload in stale[:limit]:
             self._drop_upload(upload)
-        if len(self._expiry) > 2 * len(self._lru) + 1024:  # stale entries from TTL changes: compact
+        if len(self._expiry) > 2 * sum(len(b.objects) for b in self.buckets.values()) + 1024:  # stale entries from TTL changes: compact
             self._expiry = [e for e in self._expiry if (o := self._find(e[2], e[3])) and o.expires_at == e[0]]
             heapq.heapify(self._expiry)
         return removed
@@ -269,18 +289,33 @@ class Engine:
             user_meta=user_meta or _EMPTY, checksums=checksums or _EMPTY, parts_count=parts_count,
         )
         old = bucket.objects.get(key)
-        if old is not None and old.expired(now):
-            self._remove(old, "expired")
-            old = None
-        self._make_room(obj.charge, replacing=old)
+        live_old = old if old is not None and not old.expired(now) else None
+        self._within_quotas(bucket, obj.charge, live_old, now)
+        self._make_room(obj.charge, replacing=live_old)
+        old = bucket.objects.get(key)  # an expired one may have been reaped to make room
         if old is not None:
-            self._remove(old, "replaced")
+            self._remove(old, "replaced" if old is live_old else "expired")
         self._insert(bucket, obj)
         bucket.stats.puts += 1
         bucket.stats.bytes_in += obj.size
         for listener in self.on_store:
             listener(obj)
         return obj
+
+    def _within_quotas(self, bucket: Bucket, need: int, replacing: StoredObject | None, now: float) -> None:
+        """Make room under the bucket's and the tenant's byte quotas by evicting their own LRU objects."""
+        credit = replacing.charge if replacing is not None else 0
+        if bucket.quota:
+            if need > bucket.quota:
+                raise errors.EntityTooLarge(f"{need} bytes exceed the bucket quota of {bucket.quota}")
+            self._evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, [bucket], now, replacing)
+        quota = self.tenant_quota.get(bucket.owner, 0)
+        if quota:
+            if need > quota:
+                raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
+            owned = [b for b in self.buckets.values() if b.owner == bucket.owner]
+            self._evict_lru(lambda: self.tenant_charged.get(bucket.owner, 0) - credit + need <= quota, owned, now,
+                            replacing)
 
     def _check_conditions(
         self, bucket: Bucket, key: str, now: float, if_none_match: bool, if_match: str | None
@@ -298,11 +333,14 @@ class Engine:
 
     def _insert(self, bucket: Bucket, obj: StoredObject) -> None:
         bucket.objects[obj.key] = obj
-        self._lru[obj] = None
+        obj.tick = next(self._ticks)
+        bucket.lru[obj] = None
         heapq.heappush(self._expiry, (obj.expires_at, next(self._seq), obj.bucket, obj.key))
         self.used += obj.charge
         bucket.stats.objects += 1
         bucket.stats.bytes += obj.size
+        bucket.stats.charged += obj.charge
+        self.tenant_charged[bucket.owner] = self.tenant_charged.get(bucket.owner, 0) + obj.charge
 
     def _remove(self, obj: StoredObject, reason: str) -> None:
         if not obj.live:
@@ -315,13 +353,17 @@ class Engine:
             stats = bucket.stats
             stats.objects -= 1
             stats.bytes -= obj.size
+            stats.charged -= obj.charge
+            bucket.lru.pop(obj, None)
+            self.tenant_charged[bucket.owner] -= obj.charge
+            if obj.pinned_until:
+                stats.pinned_bytes -= obj.charge
             if reason == "evicted":
                 stats.evictions += 1
             elif reason == "expired":
                 stats.expirations += 1
             elif reason == "deleted":
                 stats.deletes += 1
-        self._lru.pop(obj, None)
         self.used -= obj.charge
         if obj.pinned_until:  # counted until drained, even once ended
             self.pinned_bytes -= obj.charge
@@ -345,7 +387,8 @@ class Engine:
             raise errors.NoSuchKey(bucket=bucket.name, key=key)
         if record:
             bucket.stats.hits += 1
-            self._lru.move_to_end(obj)
+            bucket.lru.move_to_end(obj)
+            obj.tick = next(self._ticks)
             if bucket.sliding_ttl and now + obj.ttl > obj.expires_at:  # slide forward, never back
                 self._set_expiry(obj, now + obj.ttl)
         return obj
@@ -406,6 +449,7 @@ class Engine:
                 continue
             if not obj.pinned_until:  # not counted yet (an ended pin stays counted until drained)
                 self.pinned_bytes += obj.charge
+                bucket.stats.pinned_bytes += obj.charge
             obj.pinned_until = until
             heapq.heappush(self._pins, (until, next(self._seq), obj.bucket, obj.key))
         return count
@@ -418,6 +462,7 @@ class Engine:
             obj = bucket.objects.get(key)
             if obj is not None and obj.pinned(now):
                 self.pinned_bytes -= obj.charge
+                bucket.stats.pinned_bytes -= obj.charge
                 obj.pinned_until = 0.0
                 count += 1
         return count
@@ -558,26 +603,124 @@ class Engine:
 
     # ------------------------------------------------------------------ stats
 
-    def stats(self) -> dict[str, object]:
-        """Global counters and per-bucket counters."""
+    # ------------------------------------------------------------------ operator verbs (admin API)
+
+    def bucket_named(self, name: str) -> Bucket:
+        """A bucket whoever owns it (operators act across tenants)."""
+        bucket = self.buckets.get(name)
+        if bucket is None:
+            raise errors.NoSuchBucket(bucket=name)
+        return bucket
+
+    def bucket_summaries(self) -> list[dict[str, Any]]:
+        self._drain_pins(self.clock())
+        return [
+            {"name": b.name, "owner": b.owner, "created": b.created, "policy": b.policy(),
+             **b.stats.as_dict(), "hit_ratio": _ratio(b.stats)}
+            for b in sorted(self.buckets.values(), key=lambda b: b.name)
+        ]
+
+    def set_bucket_policy(self, name: str, *, default_ttl: float | None = None, sliding_ttl: bool | None = None,
+                          quota: int | None = None) -> dict[str, Any]:
+        """Change a bucket's default TTL, sliding TTL or byte quota (a lower quota evicts down to it)."""
+        bucket = self.bucket_named(name)
+        if default_ttl is not None:
+            if not default_ttl > 0:
+                raise errors.InvalidArgument("default_ttl must be positive")
+            bucket.default_ttl = min(default_ttl, self.config.max_ttl)
+        if sliding_ttl is not None:
+            bucket.sliding_ttl = sliding_ttl
+        if quota is not None:
+            bucket.quota = quota
+            if quota:
+                self._evict_lru(lambda: bucket.stats.charged <= quota, [bucket], self.clock(), None)
+        return {"name": name, "policy": bucket.policy()}
+
+    def set_tenant_quota(self, tenant: str, quota: int) -> None:
+        """Bytes a tenant's objects may hold (0 = none); a lower quota evicts its own LRU objects down to it."""
+        if quota:
+            self.tenant_quota[tenant] = quota
+            owned = [b for b in self.buckets.values() if b.owner == tenant]
+            self._evict_lru(lambda: self.tenant_charged.get(tenant, 0) <= quota, owned, self.clock(), None)
+        else:
+            self.tenant_quota.pop(tenant, None)
+
+    def _under(self, name: str, prefix: str) -> list[StoredObject]:
+        bucket = self.bucket_named(name)
+        if not prefix:
+            return list(bucket.objects.values())
+        out = []
+        for key in bucket.objects.irange(minimum=prefix):
+            if not key.startswith(prefix):
+                break
+            out.append(bucket.objects[key])
+        return out
+
+    def flush(self, name: str, prefix: str = "") -> int:
+        """Remove every object of a bucket (or under ``prefix``), pinned or not. Returns how many were live."""
+        now = self.clock()
+        victims = self._under(name, prefix)
+        live = sum(1 for o in victims if not o.expired(now))
+        for obj in victims:
+            self._remove(obj, "flushed" if not obj.expired(now) else "expired")
+        return live
+
+    def expire_now(self, name: str, prefix: str = "") -> int:
+        """Expire every object of a bucket (or under ``prefix``) now. Returns how many were live."""
+        now = self.clock()
+        victims = [o for o in self._under(name, prefix) if not o.expired(now)]
+        for obj in victims:
+            self._remove(obj, "expired")
+        return len(victims)
+
+    def set_limits(self, *, budget: int | None = None, default_ttl: float | None = None,
+                   max_ttl: float | None = None) -> dict[str, Any]:
+        """Change the budget and TTL defaults at run time. A budget cut evicts down to it (pinned objects and
+        uploads in flight stay: the result says by how much the node is still over)."""
+        config = self.config
+        new_max = max_ttl if max_ttl is not None else config.max_ttl
+        new_default = default_ttl if default_ttl is not None else config.default_ttl
+        if new_default > new_max:
+            raise errors.InvalidArgument(f"default_ttl {new_default:g} exceeds max_ttl {new_max:g}")
+        config.max_ttl, config.default_ttl = new_max, new_default
+        evicted_before = self.stats()["evictions"]
+        if budget is not None:
+            config.budget = budget
+            now = self.clock()
+            self._reap_expired(now, limit=None)
+            try:
+                self._evict_lru(lambda: self.used <= budget, self.buckets.values(), now, None)
+            except errors.InsufficientCapacity:
+                pass  # what is left is pinned or in flight: reported below
+        return {"evicted": self.stats()["evictions"] - evicted_before, "over_budget": max(0, self.used - config.budget)}
+
+    def stats(self, reset: bool = False) -> dict[str, Any]:
+        """Global counters and per-bucket counters (with hit ratios); ``reset`` zeroes counters after reading."""
+        self._drain_pins(self.clock())
         total = BucketStats()
         _add_counters(total, self.removed_stats)
-        total.objects = total.bytes = 0
+        for level in BucketStats.LEVELS:
+            setattr(total, level, 0)
         per_bucket = {}
         for bucket in self.buckets.values():
             _add_counters(total, bucket.stats)
-            per_bucket[bucket.name] = bucket.stats.as_dict()
-        self._drain_pins(self.clock())
-        return {
+            per_bucket[bucket.name] = {**bucket.stats.as_dict(), "hit_ratio": _ratio(bucket.stats)}
+        out = {
+            **total.as_dict(),
+            "hit_ratio": _ratio(total),
             "budget": self.config.budget,
             "used": self.used,
             "reserved": self.reserved,
             "parts_bytes": self.parts_bytes,
             "pinned_bytes": self.pinned_bytes,
             "uploads": len(self.uploads),
-            **total.as_dict(),
             "buckets": per_bucket,
         }
+        if reset:
+            self.removed_stats.reset()
+            for bucket in self.buckets.values():
+                bucket.stats.reset()
+        return out
 
 
 def etag_matches(condition: str, etag: str) -> bool:
@@ -591,6 +734,11 @@ def etag_matches(condition: str, etag: str) -> bool:
         if candidate.strip('"') == etag.strip('"'):
             return True
     return False
+
+
+def _ratio(stats: BucketStats) -> float | None:
+    lookups = stats.hits + stats.misses
+    return stats.hits / lookups if lookups else None
 
 
 def _add_counters(into: BucketStats, other: BucketStats) -> None:
