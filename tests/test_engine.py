@@ -351,6 +351,38 @@ def test_replacing_refreshes_recency(clock: FakeClock) -> None:
     assert rec.reasons()[-1] == ("evicted", "k1")
 
 
+def test_replacing_in_a_full_store_counts_the_old_object_as_free(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    rec = Recorder(engine)
+    for i in range(5):
+        put(engine, f"k{i}")
+    put(engine, "k3", payload("v2"))  # same charge: nothing else has to go
+    assert rec.reasons() == [("replaced", "k3")]
+    put(engine, "k2", payload("v2", SIZE + 1500))  # 1500 more: k0 and k1 (LRU) go, not k2 itself
+    assert rec.reasons()[1:] == [("evicted", "k0"), ("evicted", "k1"), ("replaced", "k2")]
+    assert keys_of(engine) == ["k2", "k3", "k4"] and engine.used == 4500
+    check_accounting(engine)
+
+
+def test_replacing_a_pinned_object_when_everything_is_pinned(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    rec = Recorder(engine)
+    for i in range(5):
+        put(engine, f"k{i}")
+    engine.pin(T, B, [f"k{i}" for i in range(5)], 60)
+    new = put(engine, "k1", payload("v2"))  # fits in the room of the object it replaces
+    assert rec.reasons() == [("replaced", "k1")] and engine.get(T, B, "k1") is new
+    assert engine.pinned_bytes == 4000  # the new object is not pinned
+    old = engine.get(T, B, "k2")
+    with pytest.raises(errors.InsufficientCapacity):
+        put(engine, "k2", payload("v2", SIZE + 1500))  # only k1 can go: not enough
+    # The failed write changed nothing: the old value is still there and nothing was evicted.
+    assert engine.get(T, B, "k2") is old and keys_of(engine) == [f"k{i}" for i in range(5)]
+    assert rec.reasons() == [("replaced", "k1")]
+    check_accounting(engine)
+    check_pins(engine)
+
+
 def test_pinned_objects_are_never_evicted(clock: FakeClock) -> None:
     engine = make_engine(clock)
     rec = Recorder(engine)
@@ -1116,7 +1148,8 @@ class EngineMachine(RuleBasedStateMachine):
         try:
             return self.engine.reserve(size)
         except errors.EntityTooLarge:
-            assert size > self.engine.config.max_object_size or size + OBJECT_OVERHEAD > self.engine.config.budget
+            config = self.engine.config
+            assert size > config.max_object_size or size + OBJECT_OVERHEAD > config.budget
         except errors.InsufficientCapacity as exc:
             assert exc.retry_after > 0
             self._check_capacity_error(size + OBJECT_OVERHEAD)
@@ -1151,7 +1184,8 @@ class EngineMachine(RuleBasedStateMachine):
                              **kwargs)  # type: ignore[arg-type]
         except errors.PreconditionFailed:
             assert visible is not None
-            assert cond == "if_none_match" or (cond.startswith("if_match") and kwargs["if_match"] != visible.etag)
+            assert cond == "if_none_match" or (
+                cond.startswith("if_match") and kwargs["if_match"] != visible.etag)
             assert engine.used == used_before and self._visible(bucket, key) is visible
         except errors.NoSuchKey:
             assert cond.startswith("if_match") and visible is None
@@ -1190,7 +1224,8 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(bucket=st.sampled_from(BUCKETS), key=st.sampled_from(KEYS), size=SIZES, ttl=TTLS, cond=CONDITIONS,
           reserve=st.booleans())
-    def put_again(self, bucket: str, key: str, size: int, ttl: float | None, cond: str, reserve: bool) -> None:
+    def put_again(self, bucket: str, key: str, size: int, ttl: float | None, cond: str,
+                  reserve: bool) -> None:
         self._put(bucket, key, size, ttl, cond, reserve)
 
     @rule(bucket=st.sampled_from(BUCKETS), keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3),
@@ -1292,7 +1327,8 @@ class EngineMachine(RuleBasedStateMachine):
                   data: st.DataObject) -> None:
         engine = self.engine
         if action == "create" or not self.uploads:
-            upload = engine.create_upload(T, bucket, key, ttl=None, content_type="x", headers={}, user_meta={})
+            upload = engine.create_upload(T, bucket, key, ttl=None, content_type="x", headers={},
+                                          user_meta={})
             self.uploads.append((bucket, key, upload.upload_id))
             return
         bucket, key, uid = data.draw(st.sampled_from(self.uploads))
@@ -1321,8 +1357,8 @@ class EngineMachine(RuleBasedStateMachine):
             visible = self._visible(bucket, key)
             try:
                 obj = engine.complete_upload(T, bucket, key, uid, parts, if_none_match=if_none_match)
-            except (errors.InvalidPart, errors.EntityTooSmall, errors.EntityTooLarge, errors.PreconditionFailed,
-                    errors.InsufficientCapacity) as exc:
+            except (errors.InvalidPart, errors.EntityTooSmall, errors.EntityTooLarge,
+                    errors.PreconditionFailed, errors.InsufficientCapacity) as exc:
                 if isinstance(exc, errors.InvalidPart):
                     assert not parts
                 if isinstance(exc, errors.EntityTooSmall):
@@ -1381,7 +1417,7 @@ class EngineMachine(RuleBasedStateMachine):
 # No example database (no files written), no explain phase (it traces, slowly), one bug reported at a time: a
 # failure shrinks to a short step list in seconds rather than minutes.
 EngineMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=50, deadline=None, database=None, report_multiple_bugs=False,
+    max_examples=60, stateful_step_count=40, deadline=None, database=None, report_multiple_bugs=False,
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
