@@ -19,7 +19,16 @@ import xxhash
 
 from . import wire
 from .buffers import Destinations, byte_view
-from .errors import ConfigurationError, ContextStoreError, NodeUnavailable, ProtocolError, SlowDown, server_error
+from .errors import (
+    ConfigurationError,
+    ContextStoreError,
+    IntegrityError,
+    NoSuchBucket,
+    NodeUnavailable,
+    ProtocolError,
+    SlowDown,
+    server_error,
+)
 from .hashing import Fingerprint, block_hashes
 from .metrics import Metrics
 from .pod import Node, Pod, expand_dns, parse_nodes
@@ -156,6 +165,7 @@ class AsyncContextStore:
         self._pod_args = dict(pool_size=pool_size, connect_timeout=self.timeouts.connect,
                               read_timeout=self.timeouts.read, probe_interval=probe_interval)
         self._pod: Pod | None = None
+        self._buckets: set[str] = set()  # created by this store: re-created on a node that restarted empty
 
     @property
     def pod(self) -> Pod:
@@ -178,23 +188,23 @@ class AsyncContextStore:
 
     async def create_bucket(self, bucket: str) -> None:
         """S3 CreateBucket on every node that is up (re-creating one's own bucket is not an error)."""
+        self._buckets.add(bucket)
+        await _gather_all([self._create_on(n, bucket) for n in self.pod.nodes if n.up])
 
-        async def create(node: Node) -> None:
-            path = f"/{bucket}"
-            head = request_head("PUT", node.host_header, path,
-                                self.signer.headers("PUT", node.host_header, path), 0)
-            try:
-                response = await node.pool.request(head, (), lambda s, n: BytesReader(n))
-            except NodeUnavailable as exc:
-                self.pod.mark_down(node, str(exc))
-                if self.strict:
-                    raise
-                return
-            if response.status != 200:
-                text = bytes(response.reader.data).decode("utf-8", "replace")  # type: ignore[attr-defined]
-                raise server_error(node.name, response.status, _xml_code(text), text[:300])
-
-        await asyncio.gather(*(create(n) for n in self.pod.nodes if n.up))
+    async def _create_on(self, node: Node, bucket: str) -> None:
+        path = f"/{bucket}"
+        headers = self.signer.headers("PUT", node.host_header, path)
+        head = request_head("PUT", node.host_header, path, headers, 0)
+        try:
+            response = await node.pool.request(head, (), lambda s, n: BytesReader(n))
+        except NodeUnavailable as exc:
+            self.pod.mark_down(node, str(exc))
+            if self.strict:
+                raise
+            return
+        if response.status != 200:
+            text = bytes(response.reader.data).decode("utf-8", "replace")  # type: ignore[attr-defined]
+            raise server_error(node.name, response.status, _xml_code(text), text[:300])
 
     # ------------------------------------------------------------------ one call to one node
 
@@ -284,6 +294,8 @@ class AsyncContextStore:
                     continue
                 if xxhash.xxh3_64_intdigest(view) != reader.meta.xxh3[j]:
                     self.metrics.count("checksum_failures")
+                    if self.strict:
+                        raise IntegrityError(f"{node.name}: block {keys[i]} failed its XXH3-64 check")
                     continue  # a block that does not verify is a miss
                 views[i] = view
                 self.metrics.count("bytes_in", len(view))
@@ -303,21 +315,28 @@ class AsyncContextStore:
                     keys=[keys[i] for i in batch], sizes=[len(blocks[i]) for i in batch],
                     xxh3=[xxhash.xxh3_64_intdigest(blocks[i]) for i in batch], ttl=ttl, if_absent=if_absent,
                 )
+                head, payloads = wire.encode_put_head(req), [blocks[i] for i in batch]
                 try:
-                    response = await self._call(node, bucket, "put", wire.encode_put_head(req),
-                                                [blocks[i] for i in batch])
+                    try:
+                        response = await self._call(node, bucket, "put", head, payloads)
+                    except NoSuchBucket:
+                        if bucket not in self._buckets:
+                            raise
+                        # The node restarted empty since the bucket was created: create it again, once.
+                        await self._create_on(node, bucket)
+                        response = await self._call(node, bucket, "put", head, payloads)
                     parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
                     answer = wire.decode_put_response(parsed, len(batch))
                 except (ContextStoreError, wire.WireError) as exc:
-                    result.failed += len(batch)
                     self._degrade(_as_client_error(node, exc))
                     continue
                 result.stored += answer.results.count("stored")
                 result.existed += answer.results.count("exists")
-                result.failed += answer.results.count("rejected")
                 self.metrics.count("bytes_out", req.payload_bytes)
 
         await self._fan_out(one, keys)
+        # Everything neither stored nor found: rejected, failed calls, and blocks of nodes marked down.
+        result.failed = len(keys) - result.stored - result.existed
         return result
 
     def _byte_batches(self, idx: list[int], blocks: Sequence[memoryview]) -> list[list[int]]:
@@ -351,15 +370,15 @@ class AsyncContextStore:
         return total
 
     async def _fan_out(self, one: Any, keys: Sequence[str]) -> None:
-        calls = []
+        work: list[tuple[Node, list[int]]] = []
         for node, idx in self.pod.group(keys).items():
             if not node.up:
                 self.metrics.count("skipped_down_node_keys", len(idx))
                 if self.strict:
                     raise NodeUnavailable(node.name, "marked down")
                 continue
-            calls += [one(node, chunk) for chunk in self._chunks(idx)]
-        await asyncio.gather(*calls)
+            work += [(node, chunk) for chunk in self._chunks(idx)]
+        await _gather_all([one(node, chunk) for node, chunk in work])
 
     def metrics_snapshot(self) -> dict[str, object]:
         """Hits, misses, bytes, checksum failures, errors, latency percentiles and node health."""
@@ -448,6 +467,14 @@ class AsyncNamespace:
         result = await self.save(tokens, blocks, ttl=ttl)
         await self.pin(tokens[:len(blocks) * self.block_size], pin)
         return result
+
+
+async def _gather_all(calls: list[Any]) -> None:
+    """Run every call to its end, then raise the first failure (strict mode): no call outlives the operation,
+    so a restore that raised never keeps writing into the caller's buffers afterwards."""
+    for outcome in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _error_of(node: Node, response: Response) -> ContextStoreError:

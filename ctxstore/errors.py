@@ -10,8 +10,9 @@ failed node is a miss); ``strict=True`` raises them. The tree::
     │   ├── NoSuchBucket
     │   ├── LimitExceeded           TooManyKeys, TooManyBytes
     │   ├── SlowDown                the node's budget is full of pinned data (retry later)
-    │   └── ProtocolError           MalformedFrame, IncompleteBody, NoSuchOperation, InvalidArgument
-    └── IntegrityError              a block's checksum did not verify (counted, served as a miss)
+    │   └── ProtocolError           MalformedFrame, IncompleteBody, NoSuchOperation, InvalidArgument,
+    │                               MethodNotAllowed; a response the client cannot parse
+    └── IntegrityError              a block's checksum did not verify (counted, a miss; strict mode raises)
 
 Server error codes map onto this tree in one table, :data:`ERROR_CODES`.
 """
@@ -88,6 +89,7 @@ ERROR_CODES: dict[str, type[ServerError]] = {
     "IncompleteBody": ProtocolError,
     "NoSuchOperation": ProtocolError,
     "InvalidArgument": ProtocolError,
+    "MethodNotAllowed": ProtocolError,
 }
 
 

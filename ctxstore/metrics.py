@@ -6,6 +6,9 @@ import statistics
 from collections import Counter, deque
 
 LATENCY_SAMPLES = 1024
+# Counters every snapshot carries, zero until first counted (a dashboard must not KeyError on a fresh client).
+COUNTERS = ("hits", "misses", "bytes_in", "bytes_out", "checksum_failures", "errors",
+            "skipped_down_node_keys")
 
 
 class Metrics:
@@ -28,4 +31,4 @@ class Metrics:
                 "p50_ms": statistics.median(ordered) * 1000,
                 "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
             }
-        return {**dict(self.counters), "latency": latency}
+        return {**dict.fromkeys(COUNTERS, 0), **self.counters, "latency": latency}

@@ -43,8 +43,8 @@ def parse_nodes(nodes: str | Sequence[str]) -> list[tuple[str, int]]:
         host, sep, port = item.rpartition(":") if not item.endswith("]") else (item, "", "")
         if not sep:
             host, port = item, "9000"
-        if not port.isdigit():
-            raise ConfigurationError(f"bad node address {item!r}: expected host:port")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigurationError(f"bad node address {item!r}: expected host:port (port 1-65535)")
         out.append((host.strip("[]"), int(port)))
     if not out:
         raise ConfigurationError("no nodes given (pass nodes=... or set CTXSTORE_NODES)")

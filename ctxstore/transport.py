@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .errors import NodeTimeout, NodeUnavailable, ProtocolError
+from .errors import ContextStoreError, NodeTimeout, NodeUnavailable, ProtocolError
 
 MAX_HEADER_BYTES = 64 << 10
 Buffer = bytes | bytearray | memoryview
@@ -104,7 +104,11 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._in_body:
             assert self._response is not None
-            return self._response.reader.get_buffer()
+            try:
+                return self._response.reader.get_buffer()
+            except Exception as exc:  # a body the reader cannot place (e.g. more bytes than its head said)
+                self._reader_failed(exc)
+                return memoryview(bytearray(1))
         view = memoryview(self._scratch)[self._scratch_len:]
         if not view:
             self._abort(ProtocolError(self.node, 0, "HeadersTooLarge", "response headers exceed 64 KiB"))
@@ -119,7 +123,11 @@ class Connection(asyncio.BufferedProtocol):
             return
         if self._in_body:
             assert self._response is not None
-            self._response.reader.written(nbytes)
+            try:
+                self._response.reader.written(nbytes)
+            except Exception as exc:
+                self._reader_failed(exc)
+                return
             self._remaining -= nbytes
             if self._remaining <= 0:
                 self._finish()
@@ -187,10 +195,14 @@ class Connection(asyncio.BufferedProtocol):
         leftover = memoryview(self._scratch)[end + 4:self._scratch_len]
         self._scratch_len = 0
         while leftover and self._remaining > 0:
-            target = self._response.reader.get_buffer()
-            k = min(len(target), len(leftover), self._remaining)
-            target[:k] = leftover[:k]
-            self._response.reader.written(k)
+            try:
+                target = self._response.reader.get_buffer()
+                k = min(len(target), len(leftover), self._remaining)
+                target[:k] = leftover[:k]
+                self._response.reader.written(k)
+            except Exception as exc:
+                self._reader_failed(exc)
+                return
             leftover = leftover[k:]
             self._remaining -= k
         if len(leftover):
@@ -213,6 +225,17 @@ class Connection(asyncio.BufferedProtocol):
         self._in_body = False
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
+
+    def _reader_failed(self, exc: Exception) -> None:
+        """The body reader rejected what arrived (a malformed frame): fail the request, drop the connection.
+        Raising out of a protocol callback instead would make asyncio log a fatal error and report the node
+        as unreachable."""
+        status = self._response.status if self._response is not None else 0
+        if isinstance(exc, ProtocolError) and not exc.node:
+            exc = ProtocolError(self.node, exc.status or status, exc.code, exc.message)
+        elif not isinstance(exc, ContextStoreError):
+            exc = ProtocolError(self.node, status, getattr(exc, "code", "MalformedFrame"), str(exc))
+        self._abort(exc)
 
     def _abort(self, exc: Exception | None) -> None:
         self.reusable = False
@@ -292,7 +315,14 @@ class Pool:
                 if not (idempotent and reused and not conn.received_any):
                     raise
                 conn = await self._connect()
-                response = await conn.request(head, body, factory)
+                try:
+                    response = await conn.request(head, body, factory)
+                except BaseException:
+                    conn.close()
+                    raise
+            except BaseException:  # cancelled (a caller's deadline) or a protocol error: never reuse or leak
+                conn.close()
+                raise
             if conn.reusable:
                 self._idle.append(conn)
             else:
