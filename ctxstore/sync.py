@@ -17,11 +17,20 @@ from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult
 T = TypeVar("T")
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (about 20 % less client CPU per restore, docs/benchmarks.md), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
 class _LoopThread:
     """An event loop running in a daemon thread, for calling coroutines from synchronous code."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = _new_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="ctxstore-client", daemon=True)
         self._thread.start()
 

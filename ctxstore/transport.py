@@ -1,10 +1,11 @@
 """A small HTTP/1.1 client on asyncio's BufferedProtocol: the socket reads straight into the caller's buffers.
 
-Why our own: a restore moves hundreds of MiB of KV blocks, and every general-purpose Python client hands the
-body over as fresh ``bytes`` objects that must then be copied into the destination (on these machines
-allocating and filling a new buffer runs at 1.5–2 GB/s against ~11 GB/s for a copy into warm memory; see
-docs/client.md for the measured comparison). With ``BufferedProtocol`` the event loop calls
-:meth:`Connection.get_buffer` and ``recv_into`` writes the payload into the block's final buffer.
+Why our own (measured in docs/benchmarks.md, "Client HTTP transport"): a restore moves hundreds of MiB of KV
+blocks. aiohttp and urllib3 hand the body over in pieces that must be copied into the destination (aiohttp's
+``read()`` then a copy took 4.9x as long as this transport); with ``BufferedProtocol`` the event loop calls
+:meth:`Connection.get_buffer` and ``recv_into`` writes each payload into the block's final buffer. The stdlib
+``http.client`` with ``readinto`` is as fast but blocking, and the client must be asyncio-native: one
+coroutine per node, all nodes concurrently, for both the async and the sync facade.
 
 Scope: exactly what the bulk API needs — one request per connection at a time, ``Content-Length`` bodies
 (the server always sends one), keep-alive pooling per node, connect and read (inactivity) timeouts.
