@@ -1,4 +1,5 @@
-"""The ``ctxstore`` command. ``ctxstore serve`` runs a node (needs the ``server`` extra)."""
+"""The ``ctxstore`` command. ``ctxstore serve`` runs a node (needs the ``server`` extra); ``ctxstore admin``
+administers a node or a whole pod through the admin API (tables need the ``admin`` extra)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: ctxstore serve [options]   (ctxstore serve --help lists them)")
+        print("usage: ctxstore serve [options]   (ctxstore serve --help lists them)\n"
+              "       ctxstore admin COMMAND ...  (stats, buckets, tenants, flush, settings, health, top;\n"
+              "                                    ctxstore admin --help)")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
@@ -18,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ctxstore serve needs the server extra: pip install 'ctxstore[server]' ({exc})", file=sys.stderr)
             return 2
         return serve(rest)
+    if command == "admin":
+        from ctxstore.admin import main as admin
+
+        return admin(rest)
     print(f"ctxstore: unknown command {command!r}", file=sys.stderr)
     return 2
 

@@ -17,6 +17,8 @@ from .admin.api import create_admin_app
 from .asgi import Receive, Scope, Send, send_response
 from .bulk import BulkService
 from .engine.store import Engine, EngineConfig
+from .events import EVENTS_PATH, EventHub
+from .metrics import METRICS_PATH, RESERVED_METRICS_PATH, Metrics, is_scrape
 from .s3.service import S3Service
 from .settings import Settings
 from .tenants import TenantRegistry, generate_credentials
@@ -55,6 +57,9 @@ class App:
         self.node_id = settings.node_id or f"{socket.gethostname()}:{settings.port}"
         self.admin_token: str = settings.admin_token
         self.admin = create_admin_app(self)
+        self.events = EventHub(self)  # store events for routers (docs/events.md)
+        self.metrics = Metrics(self)  # this node's own Prometheus registry (docs/metrics.md)
+        self.s3.metrics = self.bulk.metrics = self.metrics.requests
         self._housekeeper: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -70,6 +75,8 @@ class App:
                 await self.admin(scope, receive, send)
             elif scope["path"].startswith(RESERVED_PREFIX):
                 await self._reserved(scope, receive, send)
+            elif scope["path"] == METRICS_PATH and is_scrape(scope):  # else S3 (a bucket named "metrics")
+                await self.metrics.serve(scope, send)
             else:
                 await self.s3(scope, receive, send)
         elif kind == "lifespan":
@@ -88,12 +95,25 @@ class App:
     def create_tenant_key(self, tenant: str, quota: int | None = None, access_key: str | None = None,
                           secret_key: str | None = None) -> dict[str, object]:
         """Add a key pair for ``tenant`` (generated unless given, so a CLI can give every node the same pair)."""
+        import hmac
+
+        if bool(access_key) != bool(secret_key):  # never silently generate a pair other than the one asked for
+            raise HTTPException(422, "give both access_key and secret_key, or neither")
         if not access_key or not secret_key:
             access_key, secret_key = generate_credentials()
-        try:
-            self.tenants.add(tenant, access_key, secret_key)
-        except ValueError as exc:
-            raise HTTPException(409, str(exc)) from None
+        existing = next((e for e in self.tenants.entries() if e.credentials.access_key == access_key), None)
+        if existing is not None:
+            # The same pair again is a retry (a pod-wide CLI re-running on a node that has it): same answer.
+            # Anything else would re-key or move a live access key: a conflict, nothing changes.
+            same = existing.credentials.tenant == tenant and hmac.compare_digest(
+                existing.credentials.secret_key.encode(), secret_key.encode())
+            if not same:
+                raise HTTPException(409, f"access key {access_key} already exists")
+        else:
+            try:
+                self.tenants.add(tenant, access_key, secret_key)
+            except ValueError as exc:
+                raise HTTPException(422, str(exc)) from None
         if quota is not None:
             self.engine.set_tenant_quota(tenant, quota)
         return {"tenant": tenant, "access_key": access_key, "secret_key": secret_key,
@@ -120,6 +140,12 @@ class App:
 
     async def _reserved(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
+        if path == EVENTS_PATH or path.startswith(EVENTS_PATH + "/"):
+            await self.events.serve(scope, receive, send)
+            return
+        if path == RESERVED_METRICS_PATH:
+            await self.metrics.serve(scope, send)
+            return
         if path in ("/_ctx/health/live", "/_ctx/health/ready") and scope["method"] in ("GET", "HEAD"):
             ok = path.endswith("live") or not self.draining
             body = b'{"status":"ok"}' if ok else b'{"status":"draining"}'
@@ -132,6 +158,7 @@ class App:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                await self.events.start()
                 self._housekeeper = asyncio.create_task(self._housekeeping())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -140,6 +167,7 @@ class App:
                     self._housekeeper.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._housekeeper
+                await self.events.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

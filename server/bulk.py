@@ -29,6 +29,7 @@ from .asgi import BodyTimeout, ClientDisconnected, Receive, Request, Scope, Send
 from .engine import errors as storage
 from .engine.objects import Payload
 from .engine.store import Engine, Reservation
+from .metrics import CLIENT_CLOSED, SCOPE_OPERATION, RequestMetrics
 from .s3.auth import AuthContext, CredentialLookup, authenticate
 from .s3.errors import S3Error
 
@@ -121,6 +122,7 @@ class BulkService:
         }
         if set(self._ops) != set(wire.OPS):
             raise RuntimeError(f"bulk ops without a handler: {sorted(set(wire.OPS) - set(self._ops))}")
+        self.metrics: RequestMetrics | None = None  # set by the App (server/metrics.py)
 
     @property
     def max_keys(self) -> int:
@@ -132,26 +134,30 @@ class BulkService:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = Request(scope, receive, self.settings.body_timeout)
+        started = time.perf_counter()
         try:
             reply = await self._handle(req)
         except ClientDisconnected:
             log.info("bulk %s: client disconnected during the body; nothing stored", req.raw_path)
-            return
+            status, sent = CLIENT_CLOSED, 0
         except BulkError as exc:
-            await self._send_error(send, req, exc)
+            status, sent = await self._send_error(send, req, exc)
         except wire.WireError as exc:
-            await self._send_error(send, req, BulkError(exc.code, str(exc)))
+            status, sent = await self._send_error(send, req, BulkError(exc.code, str(exc)))
         except S3Error as exc:
-            await self._send_error(send, req, from_s3_error(exc))
+            status, sent = await self._send_error(send, req, from_s3_error(exc))
         except storage.StorageError as exc:
-            await self._send_error(send, req, from_storage_error(exc))
+            status, sent = await self._send_error(send, req, from_storage_error(exc))
         except BodyTimeout:
-            await self._send_error(send, req, BulkError("RequestTimeout", "the request body stalled"))
+            status, sent = await self._send_error(send, req,
+                                                  BulkError("RequestTimeout", "the request body stalled"))
         except Exception:
             log.exception("internal error in bulk %s", req.raw_path)
-            await self._send_error(send, req, BulkError("InternalError", "see the server log"))
+            status, sent = await self._send_error(send, req, BulkError("InternalError", "see the server log"))
         else:
-            await self._send_reply(send, req, reply)
+            status, sent = await self._send_reply(send, req, reply)
+        if self.metrics is not None:
+            self.metrics.observe_request("bulk", req, status, started, sent)
 
     # ------------------------------------------------------------------ request → reply
 
@@ -163,6 +169,7 @@ class BulkService:
             raise BulkError("NoSuchOperation",
                             f"no bulk operation at {req.raw_path}; ops: {', '.join(wire.OPS)}")
         bucket, op = parts
+        req.scope[SCOPE_OPERATION] = op  # metrics: a failure from here on counts under it
         auth = authenticate(
             method=req.method, raw_path=req.raw_path, query_string=req.query_string, headers=req.headers,
             lookup=self.lookup, now=time.time(),
@@ -323,11 +330,12 @@ class BulkService:
             headers.append(("connection", "close"))
         return headers
 
-    async def _send_reply(self, send: Send, req: Request, reply: _Reply) -> None:
+    async def _send_reply(self, send: Send, req: Request, reply: _Reply) -> tuple[int, int]:
+        """Returns the status and the body bytes sent (for metrics), as _send_error does."""
         headers = self._base_headers(req)
         if not reply.payloads:
             await send_response(send, 200, headers, reply.frame)
-            return
+            return 200, len(reply.frame)
         length = len(reply.frame) + sum(len(p) for p in reply.payloads)
         raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         raw.append((b"content-length", str(length).encode()))
@@ -336,14 +344,16 @@ class BulkService:
         last = len(reply.payloads) - 1
         for i, payload in enumerate(reply.payloads):  # the stored buffers themselves: no copy, no join
             await send({"type": "http.response.body", "body": payload, "more_body": i < last})
+        return 200, length
 
-    async def _send_error(self, send: Send, req: Request, exc: BulkError) -> None:
+    async def _send_error(self, send: Send, req: Request, exc: BulkError) -> tuple[int, int]:
         log.debug("bulk %s %s -> %s: %s", req.method, req.raw_path, exc.code, exc.message)
         headers = self._base_headers(req) + list(exc.headers.items())
         if exc.code == "MethodNotAllowed":
             headers.append(("allow", "POST"))
-        await send_response(send, exc.status, headers, wire.encode_error(exc.code, exc.message),
-                            head=req.method == "HEAD")
+        frame = wire.encode_error(exc.code, exc.message)
+        await send_response(send, exc.status, headers, frame, head=req.method == "HEAD")
+        return exc.status, 0 if req.method == "HEAD" else len(frame)
 
 
 def _count(n: int) -> _Reply:

@@ -60,6 +60,18 @@ DURATION = SettingType("duration", parse_duration)
 BOOL = SettingType("boolean", parse_bool)
 
 
+def choice(*options: str) -> SettingType:
+    """A string that must be one of ``options`` (compared lowercase)."""
+
+    def parse(text: str) -> str:
+        value = str(text).strip().lower()
+        if value not in options:
+            raise ValueError(f"not one of {', '.join(options)}: {text!r}")
+        return value
+
+    return SettingType("string", parse)
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str  # attribute name; the flag is --name-with-dashes
@@ -113,6 +125,30 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tls_cert", STR, "", "CTXSTORE_TLS_CERT", "PEM certificate: serve HTTPS (with --tls-key)."),
     Setting("tls_key", STR, "", "CTXSTORE_TLS_KEY", "PEM private key for --tls-cert."),
     Setting("log_level", STR, "info", "CTXSTORE_LOG_LEVEL", "debug, info, warning or error."),
+    Setting("events_buffer", INT, 100000, "CTXSTORE_EVENTS_BUFFER",
+            "Store events kept for replay by the event stream (`since=`) and the ZMQ replay socket; a consumer "
+            "further behind gets a gap frame and resyncs from a snapshot (docs/events.md)."),
+    Setting("events_consumer_queue", INT, 10000, "CTXSTORE_EVENTS_CONSUMER_QUEUE",
+            "Events one event-stream consumer may have waiting; one that falls further behind gets a gap frame "
+            "and is disconnected."),
+    Setting("events_medium", STR, "CTXSTORE", "CTXSTORE_EVENTS_MEDIUM",
+            "`medium` of every event (stream frames, ZMQ BlockStored/BlockRemoved). Dynamo reads CPU_PINNED, "
+            "DISK and EXTERNAL as its tiers and anything else as GPU."),
+    Setting("events_zmq_pub", STR, "", "CTXSTORE_EVENTS_ZMQ_PUB",
+            "Bind a ZMQ PUB socket here publishing vLLM-format KV event batches, e.g. tcp://127.0.0.1:5557 "
+            "(a leading `>` connects instead). Empty: off."),
+    Setting("events_zmq_replay", STR, "", "CTXSTORE_EVENTS_ZMQ_REPLAY",
+            "Bind the ZMQ ROUTER replay socket here (vLLM's replay protocol), e.g. tcp://127.0.0.1:5558. "
+            "Empty: off."),
+    Setting("events_zmq_topic", STR, "kv-events", "CTXSTORE_EVENTS_ZMQ_TOPIC", "Topic frame of every ZMQ message."),
+    Setting("events_zmq_format", choice("array", "map"), "array", "CTXSTORE_EVENTS_ZMQ_FORMAT",
+            "Each event of a ZMQ batch as a positional array (`array`, vLLM before PR 42892) or a tagged map "
+            "(`map`, vLLM after it)."),
+    Setting("events_zmq_hashes", choice("key", "int", "bytes"), "key", "CTXSTORE_EVENTS_ZMQ_HASHES",
+            "What ZMQ `block_hashes` carry: the key (`key`), its last path segment read as hex, low 64 bits "
+            "(`int`, vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, Dynamo), or that hex as bytes (`bytes`)."),
+    Setting("events_zmq_buckets", STR, "", "CTXSTORE_EVENTS_ZMQ_BUCKETS",
+            "Comma-separated buckets the ZMQ publisher reports (empty: all)."),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

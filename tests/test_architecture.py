@@ -54,3 +54,16 @@ def test_client_package_imports_without_server_dependencies() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+def test_every_package_folder_is_listed_in_pyproject() -> None:
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    names = {"ctxstore": "ctxstore", "server": "ctxstore_server"}
+    found = set()
+    for folder, name in names.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([name, *rel.parts]))
+    assert found <= listed, f"missing from [tool.setuptools] packages: {sorted(found - listed)}"

@@ -12,8 +12,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import errors as storage
 from ..settings import SETTINGS, parse_duration, parse_size
@@ -22,34 +23,43 @@ if TYPE_CHECKING:
     from ..app import App
 
 PREFIX = "/_ctx/v1/admin"
+# The only paths served without the token: the API docs and the status page (which holds no data; its API
+# calls carry the token).
+DOCS_PATHS = (f"{PREFIX}/docs", f"{PREFIX}/openapi.json", f"{PREFIX}/status")
 audit = logging.getLogger("ctxstore.audit")
 
 
-class BucketPolicy(BaseModel):
-    default_ttl: float | None = Field(None, gt=0, description="Seconds; null = the server default")
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not a silent no-op
+
+
+class BucketPolicy(_Body):
+    default_ttl: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      description="Seconds; null = the server default")
     sliding_ttl: bool | None = Field(None, description="Reads push the expiry forward")
     quota: int | None = Field(None, ge=0, description="Byte quota of the bucket; 0 = none")
 
 
-class TenantCreate(BaseModel):
+class TenantCreate(_Body):
     tenant: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._\-]+$")
     quota: int | None = Field(None, ge=0, description="Byte quota of the tenant; 0/null = none")
-    access_key: str | None = Field(None, description="Given by a pod-wide CLI so every node gets the same pair")
-    secret_key: str | None = Field(None, min_length=8)
+    access_key: str | None = Field(None, pattern=r"^[A-Za-z0-9._\-]{3,128}$",
+                                   description="Given by a pod-wide CLI so every node gets the same pair")
+    secret_key: str | None = Field(None, min_length=8, max_length=256, description="Given with access_key")
 
 
-class TenantUpdate(BaseModel):
+class TenantUpdate(_Body):
     enabled: bool | None = None
     quota: int | None = Field(None, ge=0)
 
 
-class FlushRequest(BaseModel):
+class FlushRequest(_Body):
     bucket: str
     prefix: str = ""
     mode: str = Field("flush", pattern="^(flush|expire)$", description="flush: delete now; expire: expire now")
 
 
-class SettingsUpdate(BaseModel):
+class SettingsUpdate(_Body):
     memory: str | int | None = Field(None, description="Byte budget, e.g. 4GiB; a cut evicts down to it")
     default_ttl: str | float | None = None
     max_ttl: str | float | None = None
@@ -60,34 +70,64 @@ def create_admin_app(node: App) -> FastAPI:
     app = FastAPI(
         title="ctxstore admin API",
         version="1",
-        docs_url=f"{PREFIX}/docs",
-        openapi_url=f"{PREFIX}/openapi.json",
+        docs_url=DOCS_PATHS[0],
+        openapi_url=DOCS_PATHS[1],
         redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,  # no OAuth; its default route would sit outside PREFIX
     )
 
-    def require_token(request: Request) -> str:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
+    def token_ok(request: Request) -> bool:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
         expected = node.admin_token
-        if scheme.lower() != "bearer" or not token or not hmac.compare_digest(token.encode(), expected.encode()):
+        return (bool(expected) and scheme.lower() == "bearer" and bool(token)
+                and hmac.compare_digest(token.encode(), expected.encode()))
+
+    def require_token(request: Request) -> str:
+        """Per-route check (and the OpenAPI security note); the middleware below already checked."""
+        if not token_ok(request):
             raise HTTPException(401, "admin bearer token required", headers={"WWW-Authenticate": "Bearer"})
         return "admin"
 
     @app.middleware("http")
-    async def audit_log(request: Request, call_next: Any) -> Response:
+    async def guard_and_audit(request: Request, call_next: Any) -> Response:
+        """The token is checked here, before routing and body parsing, for every path but the docs: a route
+        added without ``dependencies=auth``, an unknown path or a wrong method all answer 401 without it."""
+        path = request.url.path
+        if path in DOCS_PATHS:
+            return await call_next(request)
         started = time.perf_counter()
-        response = await call_next(request)
-        if request.url.path.startswith(PREFIX) and not request.url.path.startswith(
-                (f"{PREFIX}/docs", f"{PREFIX}/openapi.json")):
-            who = "admin" if response.status_code not in (401, 403) else "anonymous"
-            audit.info("who=%s what=%s %s result=%d ms=%.1f", who, request.method, request.url.path,
-                       response.status_code, (time.perf_counter() - started) * 1000)
+        who = "admin" if token_ok(request) else "anonymous"
+        client = request.client.host if request.client else "-"
+
+        def log(status: int) -> None:
+            audit.info("who=%s client=%s what=%s %s result=%d ms=%.1f", who, client, request.method, path,
+                       status, (time.perf_counter() - started) * 1000)
+
+        if who != "admin":
+            log(401)
+            return JSONResponse({"detail": "admin bearer token required"}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        try:
+            response = await call_next(request)
+        except Exception:
+            log(500)
+            raise
+        log(response.status_code)
         return response
 
     @app.exception_handler(storage.StorageError)
     async def storage_error(request: Request, exc: storage.StorageError) -> JSONResponse:
         status = {storage.NoSuchBucket: 404, storage.InsufficientCapacity: 503}.get(type(exc), 400)
         return JSONResponse({"detail": str(exc), "error": type(exc).__name__}, status_code=status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 saying where and why, without echoing the input: it may be a secret (a too-short
+        secret_key), or NaN / Infinity, which JSON cannot carry back (FastAPI's own handler then
+        fails with 500)."""
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
 
     auth = [Depends(require_token)]
 
@@ -165,5 +205,28 @@ def create_admin_app(node: App) -> FastAPI:
             if value is not None:
                 setattr(node.settings, name, value)
         return {"settings": node.settings.as_dict(), **result}
+
+    @app.get(f"{PREFIX}/status", include_in_schema=False)
+    def status_page() -> Response:
+        """The status page (admin/status.html). It loads without the token because it holds no data and no
+        secret; every API call it makes carries the token the operator gives it (URL fragment ``#token=`` or
+        its token field). The CSP admits only its own inline script and style and calls to this origin."""
+        import base64
+        import hashlib
+        import re
+        from pathlib import Path
+
+        try:
+            page = Path(__file__).with_name("status.html").read_bytes()
+        except OSError:
+            raise HTTPException(404, "status page not installed (admin/status.html)") from None
+
+        scripts = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(m).digest()).decode()}'"
+                           for m in re.findall(rb"<script>(.*?)</script>", page, re.S))
+        csp = (f"default-src 'none'; script-src {scripts}; style-src 'unsafe-inline'; connect-src 'self'; "
+               "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+        return Response(page, media_type="text/html; charset=utf-8", headers={
+            "Cache-Control": "no-store", "Content-Security-Policy": csp, "Referrer-Policy": "no-referrer",
+            "X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY"})
 
     return app

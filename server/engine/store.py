@@ -305,14 +305,15 @@ class Engine:
     def _within_quotas(self, bucket: Bucket, need: int, replacing: StoredObject | None, now: float) -> None:
         """Make room under the bucket's and the tenant's byte quotas by evicting their own LRU objects."""
         credit = replacing.charge if replacing is not None else 0
-        if bucket.quota:
-            if need > bucket.quota:
-                raise errors.EntityTooLarge(f"{need} bytes exceed the bucket quota of {bucket.quota}")
-            self._evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, [bucket], now, replacing)
         quota = self.tenant_quota.get(bucket.owner, 0)
+        # Both size checks come before any eviction: a write refused by one quota must not evict for the other.
+        if bucket.quota and need > bucket.quota:
+            raise errors.EntityTooLarge(f"{need} bytes exceed the bucket quota of {bucket.quota}")
+        if quota and need > quota:
+            raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
+        if bucket.quota:
+            self._evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, [bucket], now, replacing)
         if quota:
-            if need > quota:
-                raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
             owned = [b for b in self.buckets.values() if b.owner == bucket.owner]
             self._evict_lru(lambda: self.tenant_charged.get(bucket.owner, 0) - credit + need <= quota, owned, now,
                             replacing)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..asgi import BodyTimeout, ClientDisconnected, Receive, Request, Scope, Send, send_response
 from ..engine import errors as storage
 from ..engine.store import Engine
+from ..metrics import CLIENT_CLOSED, SCOPE_OPERATION, RequestMetrics
 from . import bucket_handlers, multipart_handlers, object_handlers
 from .auth import CredentialLookup, authenticate
 from .call import Call, Response
@@ -60,6 +61,7 @@ class S3Service:
         missing = {r.operation for r in ROUTES} - set(self.handlers) - {"UploadPartCopy"}
         if missing:
             raise RuntimeError(f"routes without a handler: {sorted(missing)}")
+        self.metrics: RequestMetrics | None = None  # set by the App (server/metrics.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = Request(scope, receive, self.settings.body_timeout)
@@ -69,6 +71,8 @@ class S3Service:
             response, operation = await self._handle(req)
         except ClientDisconnected:
             log.info("%s %s: client disconnected during the body; nothing stored", req.method, req.raw_path)
+            if self.metrics is not None:
+                self.metrics.observe_request("s3", req, CLIENT_CLOSED, started, 0)
             return
         except S3Error as exc:
             response = self.error_response(req, exc)
@@ -84,6 +88,9 @@ class S3Service:
             response.headers.append(("connection", "close"))
         await send_response(send, response.status, response.headers, response.body,
                             head=req.method == "HEAD", content_length=response.content_length)
+        if self.metrics is not None:
+            self.metrics.observe_request("s3", req, response.status, started,
+                                         0 if req.method == "HEAD" else len(response.body))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s %s %s -> %d in %.2f ms", operation, req.method, req.raw_path, response.status,
                       (time.perf_counter() - started) * 1000)
@@ -97,6 +104,7 @@ class S3Service:
             lookup=self.lookup, now=time.time(), virtual_bucket=target.bucket if target.virtual else None,
         )
         route: Route = resolve(req.method, target, req.query, req.headers)
+        req.scope[SCOPE_OPERATION] = route.operation  # metrics: a failure from here on counts under it
         handler = self.handlers[route.operation]
         call = Call(req=req, auth=auth, service=self, bucket=target.bucket, key=target.key)
         return await handler(call), route.operation  # type: ignore[operator]
