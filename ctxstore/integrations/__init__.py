@@ -1,0 +1,5 @@
+"""Optional bridges between ctxstore and inference libraries.
+
+Each submodule needs its library installed and is imported on its own; importing ``ctxstore`` never loads
+them. ``ctxstore.integrations.transformers``: Hugging Face causal LMs (``pip install 'ctxstore[transformers]'``).
+"""
