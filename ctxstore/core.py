@@ -29,7 +29,7 @@ from .errors import (
     SlowDown,
     server_error,
 )
-from .hashing import Fingerprint, block_hashes
+from .hashing import Fingerprint
 from .metrics import Metrics
 from .pod import Node, Pod, expand_dns, parse_nodes
 from .sigv4 import Signer

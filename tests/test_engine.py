@@ -11,7 +11,7 @@ import math
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ctxstore_server.engine import errors
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD, StoredObject, object_charge

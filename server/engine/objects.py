@@ -156,3 +156,16 @@ class Upload:
     checksum_algorithm: str | None = None
     parts: dict[int, Part] = field(default_factory=dict)
     charged: int = 0  # bytes of parts counted in the engine's used total
+
+
+def etag_matches(condition: str, etag: str) -> bool:
+    """If-Match / If-None-Match semantics: a list of (possibly weak, quoted or not) ETags, or ``*``."""
+    for candidate in condition.split(","):
+        candidate = candidate.strip()
+        if candidate == "*":
+            return True
+        if candidate.startswith("W/"):
+            candidate = candidate[2:]
+        if candidate.strip('"') == etag.strip('"'):
+            return True
+    return False

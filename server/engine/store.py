@@ -12,20 +12,19 @@ then the least recently used unpinned ones; every step is O(log n) and a write e
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
-import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import xxhash
 
 from . import errors
-from .objects import OBJECT_OVERHEAD, Bucket, BucketStats, Part, Payload, StoredObject, Upload
+from .multipart import MultipartMixin
+from .objects import OBJECT_OVERHEAD, Bucket, BucketStats, Payload, StoredObject, Upload, etag_matches
+from .operator import OperatorMixin, add_counters
 
 # Shared by every object without metadata of a kind: three empty dicts per object would cost ~200 bytes.
 _EMPTY: dict[str, str] = MappingProxyType({})  # type: ignore[assignment]
@@ -73,7 +72,7 @@ class Reservation:
         self.release()
 
 
-class Engine:
+class Engine(MultipartMixin, OperatorMixin):
     """All buckets and objects of one node. See the module docstring for the guarantees."""
 
     def __init__(self, config: EngineConfig | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -130,7 +129,7 @@ class Engine:
             self._remove(obj, "expired")
         for upload in [u for u in self.uploads.values() if u.bucket == name]:
             self._drop_upload(upload)
-        _add_counters(self.removed_stats, bucket.stats)
+        add_counters(self.removed_stats, bucket.stats)
         del self.buckets[name]
 
     # ------------------------------------------------------------------ capacity
@@ -486,263 +485,3 @@ class Engine:
     def _set_expiry(self, obj: StoredObject, expires_at: float) -> None:
         obj.expires_at = expires_at
         heapq.heappush(self._expiry, (expires_at, next(self._seq), obj.bucket, obj.key))
-
-    # ------------------------------------------------------------------ multipart uploads
-
-    def create_upload(
-        self, tenant: str, bucket_name: str, key: str, *, ttl: float | None, content_type: str,
-        headers: dict[str, str], user_meta: dict[str, str], checksum_algorithm: str | None = None,
-    ) -> Upload:
-        bucket = self.bucket(tenant, bucket_name)
-        if ttl is not None:
-            self.resolve_ttl(bucket, ttl)  # validate now, not at completion
-        upload = Upload(
-            upload_id=secrets.token_urlsafe(24), bucket=bucket_name, key=key, owner=tenant,
-            created=self.clock(), ttl=ttl, content_type=content_type, headers=headers, user_meta=user_meta,
-            checksum_algorithm=checksum_algorithm,
-        )
-        self.uploads[upload.upload_id] = upload
-        return upload
-
-    def upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Upload:
-        self.bucket(tenant, bucket_name)
-        upload = self.uploads.get(upload_id)
-        if upload is None or upload.bucket != bucket_name or upload.key != key or upload.owner != tenant:
-            raise errors.NoSuchUpload(bucket=bucket_name, key=key, upload_id=upload_id)
-        return upload
-
-    def put_part(
-        self, tenant: str, bucket_name: str, key: str, upload_id: str, number: int, data: Payload, *,
-        md5: bytes, checksums: dict[str, str], reservation: Reservation | None = None,
-    ) -> Part:
-        if reservation is not None:
-            reservation.release()  # first: a part that fails must not keep the budget
-        if not 1 <= number <= self.config.max_parts:
-            raise errors.InvalidArgument(f"part number must be an integer between 1 and {self.config.max_parts}")
-        upload = self.upload(tenant, bucket_name, key, upload_id)
-        part = Part(number=number, data=data, etag=f'"{md5.hex()}"', md5=md5, last_modified=self.clock(),
-                    checksums=checksums)
-        self._make_room(part.size)
-        old = upload.parts.pop(number, None)
-        if old is not None:
-            self._uncharge_part(upload, old.size)
-        upload.parts[number] = part
-        upload.charged += part.size
-        self.used += part.size
-        self.parts_bytes += part.size
-        return part
-
-    def _charge_part(self, upload: Upload, nbytes: int) -> None:
-        upload.charged += nbytes
-        self.used += nbytes
-        self.parts_bytes += nbytes
-
-    def _uncharge_part(self, upload: Upload, nbytes: int) -> None:
-        upload.charged -= nbytes
-        self.used -= nbytes
-        self.parts_bytes -= nbytes
-
-    def complete_upload(
-        self, tenant: str, bucket_name: str, key: str, upload_id: str, parts: list[tuple[int, str]], *,
-        if_none_match: bool = False, if_match: str | None = None, checksums: dict[str, str] | None = None,
-    ) -> StoredObject:
-        """Assemble the listed parts (ascending numbers, matching ETags) into one object, atomically.
-
-        ``checksums``: the composite checksums the protocol layer computed from the parts' own."""
-        upload = self.upload(tenant, bucket_name, key, upload_id)
-        if not parts:
-            raise errors.InvalidPart("you must specify at least one part")
-        chosen: list[Part] = []
-        last = 0
-        for number, etag in parts:
-            if number <= last:
-                raise errors.InvalidPartOrder()
-            last = number
-            part = upload.parts.get(number)
-            if part is None or not etag_matches(etag, part.etag):
-                raise errors.InvalidPart(f"part {number} is missing or its ETag does not match")
-            chosen.append(part)
-        for part in chosen[:-1]:
-            if part.size < self.config.min_part_size:
-                raise errors.EntityTooSmall(f"part {part.number} is smaller than {self.config.min_part_size} bytes")
-        total = sum(p.size for p in chosen)
-        bucket = self.bucket(tenant, bucket_name)
-        self._check_conditions(bucket, key, self.clock(), if_none_match, if_match)
-        # The listed parts become the object: stop counting them as parts before reserving its room, so an
-        # upload larger than half the budget can still complete. If there is no room, they count again.
-        charged = upload.charged
-        self._uncharge_part(upload, charged)
-        try:
-            reservation = self.reserve(total)
-        except errors.StorageError:
-            self._charge_part(upload, charged)
-            raise
-        with reservation:
-            data = bytearray(total)
-            view = memoryview(data)
-            pos = 0
-            hasher = xxhash.xxh3_64()
-            for part in chosen:
-                view[pos:pos + part.size] = part.data
-                hasher.update(part.data)
-                pos += part.size
-            etag = f'"{hashlib.md5(b"".join(p.md5 for p in chosen)).hexdigest()}-{len(chosen)}"'
-            self._drop_upload(upload)
-            return self.put(
-                tenant, bucket_name, key, data, etag=etag, ttl=upload.ttl, content_type=upload.content_type,
-                headers=upload.headers, user_meta=upload.user_meta, checksums=checksums or {},
-                parts_count=len(chosen), xxh3=hasher.intdigest(), reservation=reservation,
-            )
-
-    def abort_upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> None:
-        self._drop_upload(self.upload(tenant, bucket_name, key, upload_id))
-
-    def _drop_upload(self, upload: Upload) -> None:
-        if self.uploads.pop(upload.upload_id, None) is not None:
-            self._uncharge_part(upload, upload.charged)
-            upload.parts.clear()
-
-    # ------------------------------------------------------------------ stats
-
-    # ------------------------------------------------------------------ operator verbs (admin API)
-
-    def bucket_named(self, name: str) -> Bucket:
-        """A bucket whoever owns it (operators act across tenants)."""
-        bucket = self.buckets.get(name)
-        if bucket is None:
-            raise errors.NoSuchBucket(bucket=name)
-        return bucket
-
-    def bucket_summaries(self) -> list[dict[str, Any]]:
-        self._drain_pins(self.clock())
-        return [
-            {"name": b.name, "owner": b.owner, "created": b.created, "policy": b.policy(),
-             **b.stats.as_dict(), "hit_ratio": _ratio(b.stats)}
-            for b in sorted(self.buckets.values(), key=lambda b: b.name)
-        ]
-
-    def set_bucket_policy(self, name: str, *, default_ttl: float | None = None, sliding_ttl: bool | None = None,
-                          quota: int | None = None) -> dict[str, Any]:
-        """Change a bucket's default TTL, sliding TTL or byte quota (a lower quota evicts down to it)."""
-        bucket = self.bucket_named(name)
-        if default_ttl is not None:
-            if not default_ttl > 0:
-                raise errors.InvalidArgument("default_ttl must be positive")
-            bucket.default_ttl = min(default_ttl, self.config.max_ttl)
-        if sliding_ttl is not None:
-            bucket.sliding_ttl = sliding_ttl
-        if quota is not None:
-            bucket.quota = quota
-            if quota:
-                self._evict_lru(lambda: bucket.stats.charged <= quota, [bucket], self.clock(), None)
-        return {"name": name, "policy": bucket.policy()}
-
-    def set_tenant_quota(self, tenant: str, quota: int) -> None:
-        """Bytes a tenant's objects may hold (0 = none); a lower quota evicts its own LRU objects down to it."""
-        if quota:
-            self.tenant_quota[tenant] = quota
-            owned = [b for b in self.buckets.values() if b.owner == tenant]
-            self._evict_lru(lambda: self.tenant_charged.get(tenant, 0) <= quota, owned, self.clock(), None)
-        else:
-            self.tenant_quota.pop(tenant, None)
-
-    def _under(self, name: str, prefix: str) -> list[StoredObject]:
-        bucket = self.bucket_named(name)
-        if not prefix:
-            return list(bucket.objects.values())
-        out = []
-        for key in bucket.objects.irange(minimum=prefix):
-            if not key.startswith(prefix):
-                break
-            out.append(bucket.objects[key])
-        return out
-
-    def flush(self, name: str, prefix: str = "") -> int:
-        """Remove every object of a bucket (or under ``prefix``), pinned or not. Returns how many were live."""
-        now = self.clock()
-        victims = self._under(name, prefix)
-        live = sum(1 for o in victims if not o.expired(now))
-        for obj in victims:
-            self._remove(obj, "flushed" if not obj.expired(now) else "expired")
-        return live
-
-    def expire_now(self, name: str, prefix: str = "") -> int:
-        """Expire every object of a bucket (or under ``prefix``) now. Returns how many were live."""
-        now = self.clock()
-        victims = [o for o in self._under(name, prefix) if not o.expired(now)]
-        for obj in victims:
-            self._remove(obj, "expired")
-        return len(victims)
-
-    def set_limits(self, *, budget: int | None = None, default_ttl: float | None = None,
-                   max_ttl: float | None = None) -> dict[str, Any]:
-        """Change the budget and TTL defaults at run time. A budget cut evicts down to it (pinned objects and
-        uploads in flight stay: the result says by how much the node is still over)."""
-        config = self.config
-        new_max = max_ttl if max_ttl is not None else config.max_ttl
-        new_default = default_ttl if default_ttl is not None else config.default_ttl
-        if new_default > new_max:
-            raise errors.InvalidArgument(f"default_ttl {new_default:g} exceeds max_ttl {new_max:g}")
-        config.max_ttl, config.default_ttl = new_max, new_default
-        evicted_before = self.stats()["evictions"]
-        if budget is not None:
-            config.budget = budget
-            now = self.clock()
-            self._reap_expired(now, limit=None)
-            try:
-                self._evict_lru(lambda: self.used <= budget, self.buckets.values(), now, None)
-            except errors.InsufficientCapacity:
-                pass  # what is left is pinned or in flight: reported below
-        return {"evicted": self.stats()["evictions"] - evicted_before, "over_budget": max(0, self.used - config.budget)}
-
-    def stats(self, reset: bool = False) -> dict[str, Any]:
-        """Global counters and per-bucket counters (with hit ratios); ``reset`` zeroes counters after reading."""
-        self._drain_pins(self.clock())
-        total = BucketStats()
-        _add_counters(total, self.removed_stats)
-        for level in BucketStats.LEVELS:
-            setattr(total, level, 0)
-        per_bucket = {}
-        for bucket in self.buckets.values():
-            _add_counters(total, bucket.stats)
-            per_bucket[bucket.name] = {**bucket.stats.as_dict(), "hit_ratio": _ratio(bucket.stats)}
-        out = {
-            **total.as_dict(),
-            "hit_ratio": _ratio(total),
-            "budget": self.config.budget,
-            "used": self.used,
-            "reserved": self.reserved,
-            "parts_bytes": self.parts_bytes,
-            "pinned_bytes": self.pinned_bytes,
-            "uploads": len(self.uploads),
-            "buckets": per_bucket,
-        }
-        if reset:
-            self.removed_stats.reset()
-            for bucket in self.buckets.values():
-                bucket.stats.reset()
-        return out
-
-
-def etag_matches(condition: str, etag: str) -> bool:
-    """If-Match / If-None-Match semantics: a list of (possibly weak, quoted or not) ETags, or ``*``."""
-    for candidate in condition.split(","):
-        candidate = candidate.strip()
-        if candidate == "*":
-            return True
-        if candidate.startswith("W/"):
-            candidate = candidate[2:]
-        if candidate.strip('"') == etag.strip('"'):
-            return True
-    return False
-
-
-def _ratio(stats: BucketStats) -> float | None:
-    lookups = stats.hits + stats.misses
-    return stats.hits / lookups if lookups else None
-
-
-def _add_counters(into: BucketStats, other: BucketStats) -> None:
-    for name, value in other.as_dict().items():
-        setattr(into, name, getattr(into, name) + value)
-

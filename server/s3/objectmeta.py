@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 
 from ..engine.objects import StoredObject
-from ..engine.store import etag_matches
+from ..engine.objects import etag_matches
 from ..settings import parse_duration
 from .errors import S3Error
 
