@@ -3,12 +3,13 @@
 Command (results go in docs/benchmarks.md):
 
     apt-get install -y wrk            # the load generator (native, so the client is not the bottleneck)
-    .venv/bin/pip install 'moto[server]'   # the peer: moto's S3 server (Python)
+    .venv/bin/pip install -e '.[bench]'   # the peer: moto's S3 server (Python), among others
     .venv/bin/python benchmarks/s3_throughput.py --rounds 3 --seconds 5
 
 Method: each server runs alone on core 0 (taskset), wrk on core 1 with 8 connections. Requests are signed
-once with SigV4 (UNSIGNED-PAYLOAD) and replayed: S3 accepts a signature until the clock-skew limit, so the
-load generator does no hashing. Each round reports requests/s, MB/s and wrk's latency percentiles; the
+once with SigV4 and replayed (S3 accepts a signature until the clock-skew limit, so the load generator does
+no hashing). PUT is measured twice: with UNSIGNED-PAYLOAD (what boto3 sends over HTTPS), and with the body's
+SHA-256 as x-amz-content-sha256 (what boto3 sends over plain HTTP), which the server must verify. Each round reports requests/s, MB/s and wrk's latency percentiles; the
 table gives the median over rounds (p50/p99 latency are medians of the rounds' values).
 """
 
@@ -24,12 +25,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+
+from ctxstore.sigv4 import Signer
 
 ACCESS, SECRET = "BENCHACCESSKEY000001", "bench-secret-key-000001"
 
@@ -53,10 +57,15 @@ def wait_http(url: str, timeout: float = 30) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-def signed_headers(method: str, url: str, body: bytes = b"") -> dict[str, str]:
-    req = AWSRequest(method=method, url=url, data=body, headers={"x-amz-content-sha256": "UNSIGNED-PAYLOAD"})
-    S3SigV4Auth(Credentials(ACCESS, SECRET), "s3", "us-east-1").add_auth(req)
-    return dict(req.headers.items())
+def signed_headers(method: str, url: str, body: bytes = b"", *, sign_payload: bool = False) -> dict[str, str]:
+    """SigV4 headers. ``sign_payload``: x-amz-content-sha256 is the body's SHA-256 (botocore's choice over plain
+    HTTP), which the server must verify; otherwise UNSIGNED-PAYLOAD (botocore's choice over HTTPS)."""
+    if sign_payload:
+        req = AWSRequest(method=method, url=url, data=body)
+        S3SigV4Auth(Credentials(ACCESS, SECRET), "s3", "us-east-1").add_auth(req)
+        return dict(req.headers.items())
+    parts = urllib.parse.urlsplit(url)
+    return dict(Signer(ACCESS, SECRET).headers(method, parts.netloc, parts.path))
 
 
 def s3_request(method: str, url: str, body: bytes = b"") -> None:
@@ -121,11 +130,13 @@ def bench_server(name: str, endpoint: str, sizes: list[int], rounds: int, second
             f.write(payload)
         url = f"{endpoint}/{bucket}/obj-{size}"
         s3_request("PUT", url, payload)
-        for op in ("GET", "PUT"):
+        for op in ("GET", "PUT", "PUT+sha256"):
+            method = op.split("+")[0]
             results = []
             for _ in range(rounds):
-                headers = signed_headers(op, url, payload if op == "PUT" else b"")
-                results.append(run_wrk(url, op, headers, f.name if op == "PUT" else None, seconds))
+                headers = signed_headers(method, url, payload if method == "PUT" else b"",
+                                         sign_payload=op.endswith("sha256"))
+                results.append(run_wrk(url, method, headers, f.name if method == "PUT" else None, seconds))
             rps = statistics.median(r["rps"] for r in results)
             rows.append({
                 "server": name, "op": op, "size": size, "rps": rps, "MBps": rps * size / 1e6,
