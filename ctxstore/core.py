@@ -31,7 +31,7 @@ from .errors import (
 )
 from .hashing import Fingerprint
 from .metrics import Metrics
-from .pod import Node, Pod, expand_dns, parse_nodes
+from .pod import Node, Pod, expand_dns, is_ip, parse_nodes
 from .sigv4 import Signer
 from .transport import BytesReader, Response, request_head
 
@@ -50,7 +50,7 @@ class Limits:
     """Client-side split of large calls (each node also enforces its own limits)."""
 
     keys_per_call: int = 8192
-    bytes_per_call: int = 256 << 20
+    bytes_per_call: int = 64 << 20  # well under any sane node budget: a call must fit whole
 
 
 @dataclass
@@ -160,6 +160,7 @@ class AsyncContextStore:
         strict: bool = False,
         pool_size: int = 8,
         probe_interval: float = 0.5,
+        dns_refresh: float = 30.0,
     ) -> None:
         nodes = nodes if nodes is not None else os.environ.get("CTXSTORE_NODES")
         access_key = access_key or os.environ.get("CTXSTORE_ACCESS_KEY")
@@ -173,7 +174,13 @@ class AsyncContextStore:
         self.strict = strict
         self.signer = Signer(access_key, secret_key, region)
         self.metrics = Metrics()
-        self._addresses = expand_dns(parse_nodes(nodes))
+        self._spec = parse_nodes(nodes)
+        self._addresses = expand_dns(self._spec)
+        # Names (not IP literals) are re-resolved in the background every dns_refresh seconds, so a
+        # headless service's pods that come, go or change address are followed.
+        self.dns_refresh = dns_refresh
+        self._resolved_at = time.monotonic()
+        self._resolving: asyncio.Task[None] | None = None
         self._pod_args = dict(pool_size=pool_size, connect_timeout=self.timeouts.connect,
                               read_timeout=self.timeouts.read, probe_interval=probe_interval)
         self._pod: Pod | None = None
@@ -383,7 +390,25 @@ class AsyncContextStore:
         await self._fan_out(one, keys)
         return total
 
+    def _maybe_refresh_membership(self) -> None:
+        if (self._resolving is not None or time.monotonic() - self._resolved_at < self.dns_refresh
+                or all(is_ip(host) for host, _ in self._spec)):
+            return
+        self._resolving = asyncio.get_running_loop().create_task(self._refresh_membership())
+
+    async def _refresh_membership(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            addresses = await loop.run_in_executor(None, expand_dns, self._spec)  # getaddrinfo blocks
+            if addresses != self._addresses:
+                self._addresses = addresses
+                self.pod.update(addresses)
+        finally:
+            self._resolved_at = time.monotonic()
+            self._resolving = None
+
     async def _fan_out(self, one: Any, keys: Sequence[str]) -> None:
+        self._maybe_refresh_membership()
         work: list[tuple[Node, list[int]]] = []
         for node, idx in self.pod.group(keys).items():
             if not node.up:

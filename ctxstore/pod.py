@@ -61,14 +61,14 @@ def expand_dns(entries: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
             out.append((host, port))  # unresolvable now: keep it; it will be marked down and probed
             continue
         addresses = sorted({info[4][0] for info in infos})
-        if len(addresses) > 1 and not _is_ip(host):
+        if len(addresses) > 1 and not is_ip(host):
             out.extend((addr, port) for addr in addresses)
         else:
             out.append((host, port))
     return sorted(set(out))
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             socket.inet_pton(family, host)
@@ -110,14 +110,27 @@ class Pod:
                  read_timeout: float, probe_interval: float, max_probe_interval: float = 5.0) -> None:
         if not addresses:
             raise ConfigurationError("a pod needs at least one node")
-        self.nodes = [
-            Node(host, port, Pool(host, port, limit=pool_size, connect_timeout=connect_timeout,
-                                  read_timeout=read_timeout))
-            for host, port in addresses
-        ]
-        self._seeds = [n.seed for n in self.nodes]
+        self._pool_args = dict(limit=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout)
+        self.nodes: list[Node] = []
         self.probe_interval = probe_interval
         self.max_probe_interval = max_probe_interval
+        self.update(addresses)
+
+    def update(self, addresses: Sequence[tuple[str, int]]) -> None:
+        """New membership (e.g. a headless service re-resolved): known nodes keep their pools and health,
+        new ones start up, departed ones are closed. Only the keys of nodes that came or went move."""
+        known = {(n.host, n.port): n for n in self.nodes}
+        wanted = sorted(set(addresses))
+        for gone in set(known) - set(wanted):
+            node = known[gone]
+            if node.probe is not None:
+                node.probe.cancel()
+            node.pool.close()
+        self.nodes = [
+            known.get((host, port)) or Node(host, port, Pool(host, port, **self._pool_args))  # type: ignore[arg-type]
+            for host, port in wanted
+        ]
+        self._seeds = [n.seed for n in self.nodes]
         self._owner_cache: dict[str, int] = {}
 
     def owner(self, key: str) -> Node:

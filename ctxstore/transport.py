@@ -147,16 +147,25 @@ class Connection(asyncio.BufferedProtocol):
         self._waiter = self._loop.create_future()
         self.received_any = False
         self._arm_timer()
+        waiter = self._waiter
         transport = self.transport
-        transport.write(head)
-        for part in body:
-            if self._drain is not None:
-                await self._drain
-            if self.transport is None:
-                break
-            transport.write(part)
         try:
-            return await self._waiter
+            transport.write(head)
+            for part in body:
+                if waiter.done():  # answered before the body was sent (an early error): stop sending
+                    break
+                if self._drain is not None:
+                    await self._drain
+                if self.transport is None:
+                    break
+                transport.write(part)
+        except NodeUnavailable:
+            # The node may have answered (e.g. "over the limit") and closed before taking the whole body:
+            # that answer is the outcome, not a dead node.
+            if not (waiter.done() and not waiter.cancelled() and waiter.exception() is None):
+                raise
+        try:
+            return await waiter
         finally:
             self._cancel_timer()
 

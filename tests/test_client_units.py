@@ -417,3 +417,45 @@ def test_lookup_and_counts_against_a_fake_node() -> None:
             assert [p for _, p in node.requests] == [wire.path("kv", "lookup"), wire.path("kv", "touch")]
 
     asyncio.run(main())
+
+
+def test_membership_follows_dns_and_keeps_known_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name that resolves to other addresses later (a headless service) is re-resolved in the background:
+    known nodes keep their state, new ones join, departed ones leave, and only their keys move."""
+    import ctxstore.core as core_mod
+
+    answers = [[("10.0.0.1", 9000), ("10.0.0.2", 9000)], [("10.0.0.2", 9000), ("10.0.0.3", 9000)]]
+    monkeypatch.setattr(core_mod, "expand_dns", lambda spec: list(answers[0]))
+
+    async def scenario() -> None:
+        store = core_mod.AsyncContextStore("ctxstore-headless.test:9000", access_key="AK", secret_key="secretsecret",
+                                           dns_refresh=0.0)
+        keys = [f"k{i}" for i in range(2000)]
+        before = {k: store.pod.owner(k).name for k in keys}
+        kept = next(n for n in store.pod.nodes if n.host == "10.0.0.2")
+        kept.failures = 7  # state that must survive the refresh
+        monkeypatch.setattr(core_mod, "expand_dns", lambda spec: list(answers[1]))
+        store._maybe_refresh_membership()
+        assert store._resolving is not None
+        await store._resolving
+        names = [n.name for n in store.pod.nodes]
+        assert names == ["10.0.0.2:9000", "10.0.0.3:9000"]
+        assert next(n for n in store.pod.nodes if n.host == "10.0.0.2") is kept and kept.failures == 7
+        after = {k: store.pod.owner(k).name for k in keys}
+        for k in keys:  # a key moves only off the departed node or onto the new one (rendezvous)
+            if after[k] != before[k]:
+                assert before[k] == "10.0.0.1:9000" or after[k] == "10.0.0.3:9000"
+        assert any(before[k] == after[k] == "10.0.0.2:9000" for k in keys)
+        await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_ip_only_membership_is_never_re_resolved() -> None:
+    async def scenario() -> None:
+        store = AsyncContextStore("127.0.0.1:1,127.0.0.1:2", access_key="AK", secret_key="secretsecret", dns_refresh=0.0)
+        store._maybe_refresh_membership()
+        assert store._resolving is None
+        await store.aclose()
+
+    asyncio.run(scenario())
