@@ -18,3 +18,18 @@ ensure_venv() {
     fi
     VENV="$venv"
 }
+
+# LMCache (for tests/test_lmcache.py). Its declared requirements pull a CUDA stack (cupy, cuda-python) and
+# downgrade numpy and fastapi, so it goes in without them, followed by what it really imports on a CPU.
+LMCACHE_VERSION=0.5.6
+ensure_lmcache() {
+    local stamp="$VENV/.ctxstore-lmcache-$LMCACHE_VERSION"
+    [ -f "$stamp" ] && return 0
+    if "$VENV/bin/python" -m pip install --quiet --no-deps "lmcache==$LMCACHE_VERSION" \
+        && "$VENV/bin/python" -m pip install --quiet py-cpuinfo psutil msgspec blake3 aiofile aiofiles caio \
+            cachetools numba; then
+        touch "$stamp"
+    else
+        echo "scripts/test: LMCache $LMCACHE_VERSION could not be installed; tests/test_lmcache.py will skip" >&2
+    fi
+}
