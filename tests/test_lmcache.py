@@ -43,7 +43,7 @@ ADMIN_TOKEN = "lmcache-test-admin-token"
 CHUNK, LAYERS, HEADS, HEAD_SIZE = 256, 6, 8, 128  # one chunk: 2*6*256*1024 float32 = 12 MiB
 CANNOT_RUN = 77
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.real_engine]
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from conftest import ACCESS_KEY, SECRET_KEY, Node, start_node, wait_ready
 
+pytestmark = pytest.mark.real_model
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "examples" / "hf_worker.py"
 
