@@ -163,6 +163,13 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
     )
 
 
+def _size(n: int) -> str:
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor:
+            return f"{n / factor:g} {unit}"
+    return f"{n} bytes"
+
+
 class DrainingServer(uvicorn.Server):
     """Marks the node as draining (readiness 503) the moment SIGTERM/SIGINT arrives."""
 
@@ -190,9 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = App(settings, tenants)
     scheme = "https" if settings.tls_cert else "http"
-    print(f"ctxstore: serving S3 on {scheme}://{settings.host}:{settings.port} "
-          f"(budget {settings.memory} bytes, default TTL {settings.default_ttl:g}s)", flush=True)
-    print(f"  e.g. aws --endpoint-url {scheme}://{settings.host}:{settings.port} s3 ls", flush=True)
+    base = f"{scheme}://{settings.host}:{settings.port}"
+    print(f"ctxstore: serving S3 on {base} (budget {_size(settings.memory)}, default TTL "
+          f"{settings.default_ttl:g} s)", flush=True)
+    print(f"  e.g. aws --endpoint-url {base} s3 ls", flush=True)
+    if settings.admin_token:
+        print(f"  status page: {base}/_ctx/v1/admin/status#token=<CTXSTORE_ADMIN_TOKEN>", flush=True)
     server = DrainingServer(uvicorn_config(app, settings), app)
 
     def on_sigterm(signum: int, frame: object) -> None:
