@@ -133,3 +133,17 @@ def bucket(s3) -> Iterator[str]:
         for obj in page.get("Contents", []):
             s3.delete_object(Bucket=name, Key=obj["Key"])
     s3.delete_bucket(Bucket=name)
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
+    """Three nodes on loopback ports (a pod), shared by a test module."""
+    tmp = tmp_path_factory.mktemp("pod")
+    nodes = [start_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", wait=False) for _ in range(3)]
+    try:
+        for node in nodes:
+            wait_ready(node)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()

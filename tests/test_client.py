@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node, wait_ready
+from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
 from ctxstore import (
     AsyncContextStore,
     AsyncNamespace,
@@ -46,19 +46,6 @@ def tokens_for(n_blocks: int, seed: int = 0, extra: int = 0) -> list[int]:
 
 def new_bucket() -> str:
     return "t-" + secrets.token_hex(6)
-
-
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
-    tmp = tmp_path_factory.mktemp("pod")
-    nodes = [start_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", wait=False) for _ in range(3)]
-    try:
-        for node in nodes:
-            wait_ready(node)
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def endpoints(pod: list[Node]) -> list[str]:

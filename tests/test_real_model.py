@@ -16,12 +16,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ACCESS_KEY, SECRET_KEY, Node, start_node, wait_ready
+from conftest import ACCESS_KEY, SECRET_KEY, Node
 
 pytestmark = pytest.mark.real_model
 
@@ -33,19 +32,6 @@ QUESTION = {"question_seed": 2, "question_len": 37}
 MAX_NEW = 32
 # One forward pass over a whole request vs the chunks the workers ran: float32 rounding (see hf_worker.py).
 ONE_PASS_TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
-    tmp = tmp_path_factory.mktemp("pod")
-    nodes = [start_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", wait=False) for _ in range(3)]
-    try:
-        for node in nodes:
-            wait_ready(node)
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 class WorkerProcess:
