@@ -10,7 +10,6 @@ import socket
 import time
 
 from ctxstore import wire
-from fastapi import HTTPException
 
 from .admin.api import PREFIX as ADMIN_PREFIX
 from .admin.api import create_admin_app
@@ -21,7 +20,7 @@ from .events import EVENTS_PATH, EventHub
 from .metrics import METRICS_PATH, RESERVED_METRICS_PATH, Metrics, is_scrape
 from .s3.service import S3Service
 from .settings import Settings
-from .tenants import TenantRegistry, generate_credentials
+from .tenants import TenantRegistry
 
 log = logging.getLogger("ctxstore")
 
@@ -81,62 +80,6 @@ class App:
                 await self.s3(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
-
-    # ------------------------------------------------------------------ tenants (used by the admin API)
-
-    def list_tenants(self) -> list[dict[str, object]]:
-        return [
-            {"tenant": e.credentials.tenant, "access_key": e.credentials.access_key, "enabled": e.enabled,
-             "quota": self.engine.tenant_quota.get(e.credentials.tenant, 0),
-             "charged": self.engine.tenant_charged.get(e.credentials.tenant, 0)}
-            for e in self.tenants.entries()
-        ]
-
-    def create_tenant_key(self, tenant: str, quota: int | None = None, access_key: str | None = None,
-                          secret_key: str | None = None) -> dict[str, object]:
-        """Add a key pair for ``tenant`` (generated unless given, so a CLI can give every node the same pair)."""
-        import hmac
-
-        if bool(access_key) != bool(secret_key):  # never silently generate a pair other than the one asked for
-            raise HTTPException(422, "give both access_key and secret_key, or neither")
-        if not access_key or not secret_key:
-            access_key, secret_key = generate_credentials()
-        existing = next((e for e in self.tenants.entries() if e.credentials.access_key == access_key), None)
-        if existing is not None:
-            # The same pair again is a retry (a pod-wide CLI re-running on a node that has it): same answer.
-            # Anything else would re-key or move a live access key: a conflict, nothing changes.
-            same = existing.credentials.tenant == tenant and hmac.compare_digest(
-                existing.credentials.secret_key.encode(), secret_key.encode())
-            if not same:
-                raise HTTPException(409, f"access key {access_key} already exists")
-        else:
-            try:
-                self.tenants.add(tenant, access_key, secret_key)
-            except ValueError as exc:
-                raise HTTPException(422, str(exc)) from None
-        if quota is not None:
-            self.engine.set_tenant_quota(tenant, quota)
-        return {"tenant": tenant, "access_key": access_key, "secret_key": secret_key,
-                "quota": self.engine.tenant_quota.get(tenant, 0)}
-
-    def update_tenant_key(self, access_key: str, *, enabled: bool | None, quota: int | None) -> dict[str, object]:
-        try:
-            entry = self.tenants.set_enabled(access_key, enabled) if enabled is not None else None
-            if entry is None:
-                entry = next(e for e in self.tenants.entries() if e.credentials.access_key == access_key)
-        except (KeyError, StopIteration):
-            raise HTTPException(404, f"no access key {access_key}") from None
-        if quota is not None:
-            self.engine.set_tenant_quota(entry.credentials.tenant, quota)
-        return {"tenant": entry.credentials.tenant, "access_key": access_key, "enabled": entry.enabled,
-                "quota": self.engine.tenant_quota.get(entry.credentials.tenant, 0)}
-
-    def delete_tenant_key(self, access_key: str) -> dict[str, object]:
-        try:
-            entry = self.tenants.remove(access_key)
-        except KeyError:
-            raise HTTPException(404, f"no access key {access_key}") from None
-        return {"tenant": entry.credentials.tenant, "access_key": access_key, "deleted": True}
 
     async def _reserved(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine import errors as storage
 from ..settings import SETTINGS, parse_duration, parse_size
+from . import tenants as tenant_keys
 
 if TYPE_CHECKING:
     from ..app import App
@@ -161,20 +162,20 @@ def create_admin_app(node: App) -> FastAPI:
 
     @app.get(f"{PREFIX}/tenants", dependencies=auth)
     def tenants() -> list[dict[str, Any]]:
-        return node.list_tenants()
+        return tenant_keys.list_tenants(node)
 
     @app.post(f"{PREFIX}/tenants", dependencies=auth, status_code=201)
     def create_tenant(body: TenantCreate) -> dict[str, Any]:
         """Create a key pair for a tenant (new or existing). The secret is returned once, never again."""
-        return node.create_tenant_key(body.tenant, body.quota, body.access_key, body.secret_key)
+        return tenant_keys.create_tenant_key(node, body.tenant, body.quota, body.access_key, body.secret_key)
 
     @app.patch(f"{PREFIX}/tenants/{{access_key}}", dependencies=auth)
     def update_tenant(access_key: str, body: TenantUpdate) -> dict[str, Any]:
-        return node.update_tenant_key(access_key, enabled=body.enabled, quota=body.quota)
+        return tenant_keys.update_tenant_key(node, access_key, enabled=body.enabled, quota=body.quota)
 
     @app.delete(f"{PREFIX}/tenants/{{access_key}}", dependencies=auth)
     def delete_tenant(access_key: str) -> dict[str, Any]:
-        return node.delete_tenant_key(access_key)
+        return tenant_keys.delete_tenant_key(node, access_key)
 
     @app.post(f"{PREFIX}/flush", dependencies=auth)
     def flush(body: FlushRequest) -> dict[str, Any]:
