@@ -49,7 +49,8 @@ def create_tenant_key(node: App, tenant: str, quota: int | None = None, access_k
             "quota": node.engine.tenant_quota.get(tenant, 0)}
 
 
-def update_tenant_key(node: App, access_key: str, *, enabled: bool | None, quota: int | None) -> dict[str, object]:
+def update_tenant_key(node: App, access_key: str, *, enabled: bool | None,
+                      quota: int | None) -> dict[str, object]:
     try:
         entry = node.tenants.set_enabled(access_key, enabled) if enabled is not None else None
         if entry is None:
