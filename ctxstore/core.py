@@ -168,7 +168,8 @@ class AsyncContextStore:
         if not nodes:
             raise ConfigurationError("no nodes: pass nodes=... or set CTXSTORE_NODES")
         if not access_key or not secret_key:
-            raise ConfigurationError("no credentials: pass access_key/secret_key or set CTXSTORE_ACCESS_KEY/_SECRET_KEY")
+            raise ConfigurationError(
+                "no credentials: pass access_key/secret_key or set CTXSTORE_ACCESS_KEY/CTXSTORE_SECRET_KEY")
         self.timeouts = timeouts or Timeouts()
         self.limits = limits or Limits()
         self.strict = strict

@@ -238,7 +238,8 @@ class Engine(MultipartMixin, OperatorMixin):
         stale = [u for u in self.uploads.values() if u.created + self.config.upload_ttl <= now]
         for upload in stale[:limit]:
             self._drop_upload(upload)
-        if len(self._expiry) > 2 * sum(len(b.objects) for b in self.buckets.values()) + 1024:  # stale entries from TTL changes: compact
+        live = sum(len(b.objects) for b in self.buckets.values())
+        if len(self._expiry) > 2 * live + 1024:  # mostly stale entries (TTL changes, removals): compact
             self._expiry = [e for e in self._expiry if (o := self._find(e[2], e[3])) and o.expires_at == e[0]]
             heapq.heapify(self._expiry)
         return removed
