@@ -94,7 +94,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("bulk_max_bytes", SIZE, 1 << 30, "CTXSTORE_BULK_MAX_BYTES",
             "Most payload bytes one bulk put may carry; more get TooManyBytes before the payloads are read."),
     Setting("body_timeout", DURATION, 30.0, "CTXSTORE_BODY_TIMEOUT",
-            "A request body that stalls this long fails with RequestTimeout; headers must also arrive within it."),
+            "A request body that stalls this long (at least 3/4 of it) fails with RequestTimeout; headers must also "
+            "arrive within it."),
     Setting("keepalive_timeout", DURATION, 30.0, "CTXSTORE_KEEPALIVE_TIMEOUT",
             "Idle connections (kept alive, or new and silent) close after this."),
     Setting("drain_timeout", DURATION, 30.0, "CTXSTORE_DRAIN_TIMEOUT",
