@@ -110,20 +110,17 @@ def cmd_buckets(ctx: Context) -> int:
         for col in ("bucket", "owner", "nodes", "objects", "bytes", "hit ratio", "hits", "misses", "puts",
                     "evictions", "expirations", "in", "out"):
             table.add_column(col, justify="left" if col in ("bucket", "owner") else "right", no_wrap=True)
+        def counters(d: dict[str, Any]) -> list[str]:
+            return [fmt_int(d["objects"]), fmt_bytes(d["bytes"]), fmt_ratio(d["hit_ratio"]), fmt_int(d["hits"]),
+                    fmt_int(d["misses"]), fmt_int(d["puts"]), fmt_int(d["evictions"]), fmt_int(d["expirations"]),
+                    fmt_bytes(d["bytes_in"]), fmt_bytes(d["bytes_out"])]
+
         for b in p["buckets"]:
-            table.add_row(escape(b["name"]), escape(",".join(b["owners"])), str(b["nodes"]),
-                          fmt_int(b["objects"]), fmt_bytes(b["bytes"]), fmt_ratio(b["hit_ratio"]),
-                          fmt_int(b["hits"]), fmt_int(b["misses"]),
-                          fmt_int(b["puts"]), fmt_int(b["evictions"]), fmt_int(b["expirations"]),
-                          fmt_bytes(b["bytes_in"]), fmt_bytes(b["bytes_out"]),
+            table.add_row(escape(b["name"]), escape(",".join(b["owners"])), str(b["nodes"]), *counters(b),
                           style="bold" if per_node else None)
             if per_node:
                 for d in b["per_node"]:
-                    table.add_row("  " + escape(d["node"]), "", "", fmt_int(d["objects"]),
-                                  fmt_bytes(d["bytes"]),
-                                  fmt_ratio(d["hit_ratio"]), fmt_int(d["hits"]), fmt_int(d["misses"]),
-                                  fmt_int(d["puts"]), fmt_int(d["evictions"]), fmt_int(d["expirations"]),
-                                  fmt_bytes(d["bytes_in"]), fmt_bytes(d["bytes_out"]), style="dim")
+                    table.add_row("  " + escape(d["node"]), "", "", *counters(d), style="dim")
         if not p["buckets"]:
             console.print("no buckets")
         else:
