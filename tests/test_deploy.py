@@ -17,7 +17,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Any
 
 import pytest
 import yaml
+from support.nodes import free_port
 
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD
 from ctxstore_server.settings import SETTINGS, parse_duration, parse_size
@@ -279,12 +279,6 @@ def test_build_context_holds_only_the_package_sources() -> None:
 
 
 # -------------------------------------------------------------------- a node started as the image starts it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_env(port: int, **extra: str) -> dict[str, str]:

@@ -1,0 +1,92 @@
+"""Real ctxstore nodes for tests and benchmarks: start ``ctxstore serve`` in a subprocess on a free loopback port,
+wait until it is ready, stop it by its PID; and boto3 clients for them."""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+
+ACCESS_KEY = "CTXTESTACCESSKEY0001"
+SECRET_KEY = "ctxstore-test-secret-key-0001"
+OTHER_ACCESS_KEY = "CTXTESTACCESSKEY0002"
+OTHER_SECRET_KEY = "ctxstore-test-secret-key-0002"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Node:
+    """A running ctxstore process."""
+
+    port: int
+    proc: subprocess.Popen
+    scheme: str = "http"
+    log: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_node(tmp: Path, *args: str, env: dict[str, str] | None = None, scheme: str = "http",
+               wait: bool = True) -> Node:
+    """Start ``ctxstore serve`` on a free loopback port and wait until it answers."""
+    port = free_port()
+    log = tmp / f"node-{port}.log"
+    full_env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+                **(env or {})}
+    cmd = [sys.executable, "-m", "ctxstore_server.serve", "--port", str(port), *args]
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    node = Node(port=port, proc=proc, scheme=scheme, log=log, env=full_env)
+    if wait:
+        wait_ready(node)
+    return node
+
+
+def wait_ready(node: Node, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    ctx = ssl._create_unverified_context()
+    while time.monotonic() < deadline:
+        if node.proc.poll() is not None:
+            raise RuntimeError(f"ctxstore exited early:\n{node.log.read_text() if node.log else ''}")
+        try:
+            with urllib.request.urlopen(f"{node.endpoint}/_ctx/health/ready", timeout=1, context=ctx) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    node.stop()
+    raise RuntimeError("ctxstore did not become ready")
+
+
+def make_client(endpoint: str, access: str = ACCESS_KEY, secret: str = SECRET_KEY, **config: object):
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=access,
+        aws_secret_access_key=secret, config=Config(**config) if config else None,
+    )
