@@ -16,7 +16,7 @@ import sys
 import tracemalloc
 
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD
-from ctxstore_server.engine.store import Engine, EngineConfig
+from ctxstore_server.engine import Engine, EngineConfig
 
 
 def measure(n: int, payload_size: int = 64) -> float:

@@ -12,7 +12,7 @@ Every variant sends the same request: ``POST wire.path(bucket, "get")`` with the
 per call), over a kept-alive connection, and must end with every block in its 64 KiB slot of the same
 preallocated 128 MiB bytearray (checked byte for byte after the timed runs). Variants:
 
-- ``ctxstore Pool (asyncio)``: ``ctxstore.transport.Pool`` + ``ctxstore.core.GetReader`` on a default asyncio
+- ``ctxstore Pool (asyncio)``: ``ctxstore.transport.Pool`` + ``ctxstore.frames.GetReader`` on a default asyncio
   event loop (the loop ``ContextStore`` runs): the socket reads straight into each block's slot
   (``BufferedProtocol``).
 - ``ctxstore Pool (uvloop)``: the same code on a uvloop event loop.
@@ -58,7 +58,7 @@ import xxhash
 
 from ctxstore import ContextStore, Timeouts, wire
 from ctxstore.buffers import Destinations
-from ctxstore.core import GetReader
+from ctxstore.frames import GetReader
 from ctxstore.sigv4 import Signer
 from ctxstore.transport import BytesReader, Pool, request_head
 

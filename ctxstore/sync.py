@@ -80,8 +80,9 @@ class ContextStore:
                  ttl: float | None = None, if_absent: bool = True) -> SaveResult:
         return self._loop.run(self._async.put_keys(bucket, keys, blocks, ttl=ttl, if_absent=if_absent))
 
-    def keys_op(self, bucket: str, op: str, keys: Sequence[str], **fields: Any) -> int:
-        return self._loop.run(self._async.keys_op(bucket, op, keys, **fields))
+    def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
+                seconds: float = 0.0) -> int:
+        return self._loop.run(self._async.keys_op(bucket, op, keys, ttl=ttl, seconds=seconds))
 
     def metrics_snapshot(self) -> dict[str, object]:
         return self._loop.run(_value(self._async.metrics_snapshot))

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from . import wire
 from .errors import ContextStoreError, NodeTimeout, NodeUnavailable, ProtocolError
 
 MAX_HEADER_BYTES = 64 << 10
@@ -347,6 +348,6 @@ class Pool:
 
 def request_head(method: str, host: str, path: str, headers: list[tuple[str, str]], length: int) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", f"host: {host}", f"content-length: {length}",
-             "content-type: application/x-msgpack"]
+             f"content-type: {wire.CONTENT_TYPE}"]
     lines += [f"{k}: {v}" for k, v in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

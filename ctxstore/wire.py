@@ -55,6 +55,7 @@ import msgpack
 
 VERSION = 1
 PREFIX = "/_ctx/v1/bulk"
+CONTENT_TYPE = "application/vnd.msgpack"  # of every bulk request and response body
 OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete")
 HEAD_LEN = struct.Struct(">I")
 MAX_HEAD_BYTES = 16 << 20  # a head bigger than this is malformed whatever the key limits say
@@ -128,7 +129,7 @@ def head_length(prefix: bytes | bytearray | memoryview) -> int:
     """Total bytes of length prefix + head, given at least the first 4 bytes."""
     if len(prefix) < HEAD_LEN.size:
         raise WireError("frame shorter than its length prefix")
-    (n,) = HEAD_LEN.unpack_from(prefix, 0)
+    n: int = HEAD_LEN.unpack_from(prefix, 0)[0]
     if n > MAX_HEAD_BYTES:
         raise WireError(f"frame head of {n} bytes exceeds {MAX_HEAD_BYTES}")
     return HEAD_LEN.size + n

@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from ctxstore import wire
 from fastapi.routing import APIRoute
 
+from support.inprocess import InProcessNode
 from conftest import ACCESS_KEY, OTHER_ACCESS_KEY, OTHER_SECRET_KEY, SECRET_KEY, Node, make_client, start_node
 from ctxstore_server.admin.api import DOCS_PATHS, PREFIX
 from ctxstore_server.app import App
@@ -125,7 +126,7 @@ def audit_lines(node: Node) -> list[str]:
 def admin_routes(*, public: bool = False) -> list[tuple[str, str]]:
     """(method, path) of every API route of the admin application, taken from the application itself, so a
     route added later is covered without touching this file. ``public``: include the PUBLIC ones."""
-    app = App(Settings({"admin_token": "in-process"}), TenantRegistry())
+    app = App(Settings(admin_token="in-process"), TenantRegistry())
     out = []
     for route in app.admin.routes:
         if isinstance(route, APIRoute):
@@ -311,16 +312,16 @@ def test_health_needs_no_token(node: Node, path: str) -> None:
 
 def test_ensure_admin_token_on_loopback_generates_and_prints() -> None:
     for host in ("127.0.0.1", "localhost", "::1"):
-        settings, out = Settings({"host": host}), io.StringIO()
+        settings, out = Settings(host=host), io.StringIO()
         ensure_admin_token(settings, out)
         assert len(settings.admin_token) >= 24
         assert f"CTXSTORE_ADMIN_TOKEN={settings.admin_token}" in out.getvalue()
     # A configured token is kept and never printed.
-    settings, out = Settings({"host": "127.0.0.1", "admin_token": "configured-token"}), io.StringIO()
+    settings, out = Settings(host="127.0.0.1", admin_token="configured-token"), io.StringIO()
     ensure_admin_token(settings, out)
     assert settings.admin_token == "configured-token" and out.getvalue() == ""
     # Two starts, two tokens.
-    a, b = Settings({}), Settings({})
+    a, b = Settings(), Settings()
     ensure_admin_token(a, io.StringIO())
     ensure_admin_token(b, io.StringIO())
     assert a.admin_token != b.admin_token
@@ -328,7 +329,7 @@ def test_ensure_admin_token_on_loopback_generates_and_prints() -> None:
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "ctx-0.ctx.svc.cluster.local"])
 def test_without_a_token_off_loopback_the_admin_api_is_disabled(host: str) -> None:
-    settings, out = Settings({"host": host}), io.StringIO()
+    settings, out = Settings(host=host), io.StringIO()
     ensure_admin_token(settings, out)
     assert settings.admin_token == ""
     assert "CTXSTORE_ADMIN_TOKEN" in out.getvalue() and "disabled" in out.getvalue()
@@ -509,29 +510,28 @@ def test_default_ttl_policy_applies_to_later_puts(admin: Admin, client: Any, buc
     assert listed["policy"]["default_ttl"] == capped["policy"]["default_ttl"]
 
 
-def test_sliding_ttl_policy_extends_expiry_on_read(admin: Admin, client: Any, bucket: str) -> None:
-    fixed = "adm-fixed-" + secrets.token_hex(4)
-    client.create_bucket(Bucket=fixed)
-    try:
-        admin.ok("PUT", f"/buckets/{bucket}/policy", {"default_ttl": 2, "sliding_ttl": True})
-        admin.ok("PUT", f"/buckets/{fixed}/policy", {"default_ttl": 2})
-        e_slide = expires_at(client.put_object(Bucket=bucket, Key="k", Body=b"s"))
-        e_fixed = expires_at(client.put_object(Bucket=fixed, Key="k", Body=b"f"))
-        time.sleep(1.2)
-        read = client.get_object(Bucket=bucket, Key="k")
-        assert read["Body"].read() == b"s"
-        assert expires_at(read) >= e_slide + 1.0
-        read = client.get_object(Bucket=fixed, Key="k")
-        assert read["Body"].read() == b"f"
-        assert expires_at(read) == pytest.approx(e_fixed, abs=0.01)
-        time.sleep(1.0)  # past both original expiries
-        assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"s"
-        with pytest.raises(ClientError) as info:
-            client.get_object(Bucket=fixed, Key="k")
-        assert error_code(info) == "NoSuchKey"
-    finally:
-        admin.ok("POST", "/flush", {"bucket": fixed})
-        client.delete_bucket(Bucket=fixed)
+def test_sliding_ttl_policy_extends_expiry_on_read() -> None:
+    node = InProcessNode()  # on a fake clock: time passes when the test says so
+    client = node.client()
+    for name in ("adm-slide", "adm-fixed"):
+        client.create_bucket(Bucket=name)
+    assert node.admin("PUT", "/buckets/adm-slide/policy", {"default_ttl": 2, "sliding_ttl": True})[0] == 200
+    assert node.admin("PUT", "/buckets/adm-fixed/policy", {"default_ttl": 2})[0] == 200
+    e_slide = expires_at(client.put_object(Bucket="adm-slide", Key="k", Body=b"s"))
+    e_fixed = expires_at(client.put_object(Bucket="adm-fixed", Key="k", Body=b"f"))
+    node.advance(1.2)
+    read = client.get_object(Bucket="adm-slide", Key="k")
+    assert read["Body"].read() == b"s"
+    assert expires_at(read) >= e_slide + 1.0
+    read = client.get_object(Bucket="adm-fixed", Key="k")
+    assert read["Body"].read() == b"f"
+    assert expires_at(read) == pytest.approx(e_fixed, abs=0.01)
+    node.advance(1.0)  # past both original expiries
+    assert client.get_object(Bucket="adm-slide", Key="k")["Body"].read() == b"s"
+    with pytest.raises(ClientError) as info:
+        client.get_object(Bucket="adm-fixed", Key="k")
+    assert error_code(info) == "NoSuchKey"
+    node.close()
 
 
 def test_bucket_quota_policy_evicts_the_buckets_own_lru(admin: Admin, client: Any, bucket: str) -> None:

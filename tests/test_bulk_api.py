@@ -509,7 +509,7 @@ def test_bulk_written_blocks_are_s3_objects_and_vice_versa(bulk: Bulk, bucket: s
 def make_app(**settings: Any) -> tuple[App, str]:
     tenants = TenantRegistry()
     tenants.add("default", ACCESS_KEY, SECRET_KEY)
-    app = App(Settings(settings), tenants)
+    app = App(Settings(**settings), tenants)
     app.engine.create_bucket("default", "inproc")
     return app, "inproc"
 
@@ -596,4 +596,4 @@ def test_lookup_and_get_pin_every_present_block() -> None:
     assert pins["c/3"] == 0.0  # not asked for
     asyncio.run(call_app(app, "get", wire.encode_keys_request("get", wire.KeysRequest(["c/3"], pin=1e9))))
     pinned_until = app.engine.get("default", bucket, "c/3", record=False).pinned_until
-    assert pinned_until == pytest.approx(time.time() + app.settings.max_pin, abs=5)  # capped by --max-pin
+    assert pinned_until == pytest.approx(time.time() + app.node.settings.max_pin, abs=5)  # capped by --max-pin

@@ -12,10 +12,11 @@ from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxstore_server.s3.auth import AuthContext, Credentials, authenticate
+from ctxstore_server.protocol.auth import AuthContext, Credentials, authenticate
 from ctxstore_server.s3.checksums import Checksum
-from ctxstore_server.s3.chunked import MAX_LINE, AwsChunkedDecoder, ChunkSigner
-from ctxstore_server.s3.errors import S3Error
+from ctxstore_server.protocol.chunked import MAX_LINE, AwsChunkedDecoder, ChunkSigner
+from ctxstore_server.protocol.errors import RequestError
+from ctxstore_server.s3.errors import S3Error, as_s3_error
 
 AWS_KEY = "AKIAIOSFODNN7EXAMPLE"
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
@@ -105,10 +106,11 @@ def decode(body: bytes, pieces: Iterable[int] | None = None, *, signed: ChunkSig
 
 
 def expect_error(code: str, body: bytes, pieces: Iterable[int] | None = None, **kwargs: object) -> S3Error:
-    with pytest.raises(S3Error) as caught:
+    with pytest.raises(RequestError) as caught:
         decode(body, pieces, **kwargs)  # type: ignore[arg-type]
-    assert caught.value.code == code, caught.value.message
-    return caught.value
+    error = as_s3_error(caught.value)  # the S3 error a client sees
+    assert error.code == code, error.message
+    return error
 
 
 # -- AWS's published examples ------------------------------------------------------------------------------
@@ -365,9 +367,9 @@ def test_oversized_chunk() -> None:
     assert decode(body, max_chunk_size=2048)[0] == b"t" * 2048
     # Refused at the size line, before any of its data is read.
     decoder = AwsChunkedDecoder(signer=None, expect_trailer=False, max_chunk_size=1024)
-    with pytest.raises(S3Error) as caught:
+    with pytest.raises(RequestError) as caught:
         decoder.feed(b"%x\r\n" % (1 << 40))
-    assert caught.value.code == "InvalidRequest"
+    assert as_s3_error(caught.value).code == "InvalidRequest"
 
 
 @pytest.mark.parametrize(
@@ -405,7 +407,7 @@ def test_line_length_is_bounded() -> None:
     endless = b"1;" + b"x" * (MAX_LINE + 10)
     expect_error("InvalidRequest", endless)
     decoder = AwsChunkedDecoder(signer=None, expect_trailer=False)
-    with pytest.raises(S3Error):
+    with pytest.raises(RequestError):
         for i in range(len(endless)):
             decoder.feed(endless[i : i + 1])
     # A long but legal extension line is fine.

@@ -16,12 +16,14 @@ from hypothesis import strategies as st
 
 from ctxstore import AsyncContextStore, ConfigurationError, IntegrityError, ProtocolError, errors, wire
 from ctxstore.buffers import Destinations
-from ctxstore.core import AsyncNamespace, GetReader
+from ctxstore.core import AsyncNamespace
+from ctxstore.frames import GetReader
 from ctxstore.hashing import Fingerprint
 from ctxstore.pod import Pod, parse_nodes
 from ctxstore.sigv4 import Signer
-from ctxstore_server.s3.auth import Credentials, authenticate
-from ctxstore_server.s3.errors import S3Error
+from ctxstore_server.protocol.auth import Credentials, authenticate
+from ctxstore_server.protocol.errors import RequestError
+from ctxstore_server.s3.errors import as_s3_error
 
 ACCESS = "UNITACCESSKEY0001"
 SECRET = "unit-test-secret-0001"
@@ -158,16 +160,16 @@ def test_signer_with_wrong_secret_or_tampered_request_is_rejected() -> None:
     now = time.time()
     path = wire.path("kv", "get")
     bad = Signer(ACCESS, "not-the-secret-000")
-    with pytest.raises(S3Error) as info:
+    with pytest.raises(RequestError) as info:
         _verify(bad.headers("POST", "h:1", path, now=now), method="POST", host="h:1", path=path, now=now)
-    assert info.value.code == "SignatureDoesNotMatch"
+    assert as_s3_error(info.value).code == "SignatureDoesNotMatch"
     good = Signer(ACCESS, SECRET).headers("POST", "h:1", path, now=now)
-    with pytest.raises(S3Error):  # signed for another path
+    with pytest.raises(RequestError):  # signed for another path
         _verify(good, method="POST", host="h:1", path=wire.path("kv", "put"), now=now)
-    with pytest.raises(S3Error) as info:  # unknown access key
+    with pytest.raises(RequestError) as info:  # unknown access key
         _verify(Signer("NOSUCHKEY0000", SECRET).headers("POST", "h:1", path, now=now),
                 method="POST", host="h:1", path=path, now=now)
-    assert info.value.code == "InvalidAccessKeyId"
+    assert as_s3_error(info.value).code == "InvalidAccessKeyId"
 
 
 # ---------------------------------------------------------------------------- the get-response reader

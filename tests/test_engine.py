@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ctxstore_server.engine import errors
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD, StoredObject, object_charge
-from ctxstore_server.engine.store import REMOVAL_REASONS, Engine, EngineConfig, Reservation, etag_matches
+from ctxstore_server.engine import REMOVAL_REASONS, Engine, EngineConfig, Reservation, etag_matches
 
 T = "alice"  # the tenant of most tests
 B = "blocks"  # its bucket
@@ -45,8 +45,8 @@ class Recorder:
     def __init__(self, engine: Engine) -> None:
         self.stored: list[StoredObject] = []
         self.removed: list[tuple[str, str, str, StoredObject]] = []
-        engine.on_store.append(self.stored.append)
-        engine.on_remove.append(lambda obj, reason: self.removed.append((reason, obj.bucket, obj.key, obj)))
+        engine.store.on_store.append(self.stored.append)
+        engine.store.on_remove.append(lambda obj, reason: self.removed.append((reason, obj.bucket, obj.key, obj)))
 
     def reasons(self) -> list[tuple[str, str]]:
         return [(reason, key) for reason, _, key, _ in self.removed]
@@ -86,24 +86,24 @@ def keys_of(engine: Engine, bucket: str = B, tenant: str = T) -> list[str]:
 
 
 def stored(engine: Engine) -> list[StoredObject]:
-    return [o for b in engine.buckets.values() for o in b.objects.values()]
+    return [o for b in engine.store.buckets.values() for o in b.objects.values()]
 
 
 def check_accounting(engine: Engine) -> None:
     """The engine's counters agree with what it holds. Does not drain pins (see check_pins)."""
     objs = stored(engine)
-    parts = sum(p.size for u in engine.uploads.values() for p in u.parts.values())
+    parts = sum(p.size for u in engine.multipart.uploads.values() for p in u.parts.values())
     assert all(o.live for o in objs)
     assert engine.parts_bytes == parts
-    assert all(u.charged == sum(p.size for p in u.parts.values()) for u in engine.uploads.values())
+    assert all(u.charged == sum(p.size for p in u.parts.values()) for u in engine.multipart.uploads.values())
     assert engine.reserved >= 0
     assert engine.used == sum(o.charge for o in objs) + parts + engine.reserved
     assert engine.used <= engine.config.budget
-    for bucket in engine.buckets.values():
+    for bucket in engine.store.buckets.values():
         assert bucket.stats.objects == len(bucket.objects)
         assert bucket.stats.bytes == sum(o.size for o in bucket.objects.values())
         assert all(o.bucket == bucket.name and o.key == k for k, o in bucket.objects.items())
-    for bucket in engine.buckets.values():  # each bucket's LRU list holds exactly its live objects
+    for bucket in engine.store.buckets.values():  # each bucket's LRU list holds exactly its live objects
         assert set(bucket.lru) == set(bucket.objects.values()) and len(bucket.lru) == len(bucket.objects)
         assert bucket.stats.charged == sum(o.charge for o in bucket.objects.values())
     st_ = engine.stats()
@@ -568,7 +568,7 @@ def test_invalid_ttl_is_rejected(clock: FakeClock, ttl: float) -> None:
         engine.touch(T, B, ["k1"], ttl)
     with pytest.raises(errors.InvalidArgument):
         engine.create_upload(T, B, "mp", ttl=ttl, content_type="x", headers={}, user_meta={})
-    assert engine.uploads == {}
+    assert engine.multipart.uploads == {}
 
 
 def test_expired_objects_are_invisible_at_once(clock: FakeClock) -> None:
@@ -822,8 +822,8 @@ def test_delete_bucket(clock: FakeClock) -> None:
     engine.put_part(T, B, "mp", upload.upload_id, 1, b"x" * 50, md5=hashlib.md5(b"x" * 50).digest(),
                     checksums={})
     engine.delete_bucket(T, B)  # only expired objects (and an upload in flight) left
-    assert B not in engine.buckets and engine.list_buckets(T) == []
-    assert engine.used == 0 and engine.parts_bytes == 0 and engine.uploads == {}
+    assert B not in engine.store.buckets and engine.list_buckets(T) == []
+    assert engine.used == 0 and engine.parts_bytes == 0 and engine.multipart.uploads == {}
     s = engine.stats()
     assert (s["puts"], s["expirations"], s["objects"]) == (2, 2, 0)  # global counters survive the bucket
     with pytest.raises(errors.NoSuchBucket):
@@ -866,7 +866,7 @@ def test_multipart_complete(clock: FakeClock) -> None:
 
     assert obj.xxh3 == xxhash.xxh3_64_intdigest(b"".join(chunks))
     assert rec.stored == [obj]
-    assert engine.uploads == {} and engine.parts_bytes == 0 and engine.reserved == 0
+    assert engine.multipart.uploads == {} and engine.parts_bytes == 0 and engine.reserved == 0
     assert engine.used == obj.charge
     with pytest.raises(errors.NoSuchUpload):
         engine.abort_upload(T, B, "mp", upload.upload_id)
@@ -929,7 +929,7 @@ def test_multipart_errors(clock: FakeClock) -> None:
     with pytest.raises(errors.AccessDenied):
         engine.upload("bob", B, "mp", uid)
     # Every failure left the upload intact and the accounting right.
-    assert uid in engine.uploads and engine.parts_bytes == 25 and engine.reserved == 0
+    assert uid in engine.multipart.uploads and engine.parts_bytes == 25 and engine.reserved == 0
     check_accounting(engine)
     obj = engine.complete_upload(T, B, "mp", uid, [(2, p2.etag), (3, p3.etag)])
     assert bytes(obj.data) == b"b" * 10 + b"c" * 10
@@ -944,7 +944,7 @@ def test_multipart_abort_frees_parts(clock: FakeClock) -> None:
     _part(engine, upload, 2, b"b" * 200)
     assert engine.parts_bytes == 500 and engine.used == 1500
     engine.abort_upload(T, B, "mp", upload.upload_id)
-    assert engine.parts_bytes == 0 and engine.used == 1000 and engine.uploads == {}
+    assert engine.parts_bytes == 0 and engine.used == 1000 and engine.multipart.uploads == {}
     with pytest.raises(errors.NoSuchUpload):
         _part(engine, upload, 3, b"c")
     with pytest.raises(errors.NoSuchUpload):
@@ -959,16 +959,16 @@ def test_stale_uploads_are_reaped_after_upload_ttl(clock: FakeClock) -> None:
     clock.advance(60)
     young = _upload(engine, "young")
     _part(engine, young, 1, b"b" * 50, key="young")
-    assert engine.reap() == 0 and len(engine.uploads) == 2
+    assert engine.reap() == 0 and len(engine.multipart.uploads) == 2
     clock.advance(40)
     engine.reap()
-    assert list(engine.uploads) == [young.upload_id]
+    assert list(engine.multipart.uploads) == [young.upload_id]
     assert engine.parts_bytes == 50 and engine.used == 50
     with pytest.raises(errors.NoSuchUpload):
         engine.complete_upload(T, B, "old", old.upload_id, [(1, md5_etag(b"a" * 100))])
     clock.advance(60)
     engine.reap()
-    assert engine.uploads == {} and engine.used == 0
+    assert engine.multipart.uploads == {} and engine.used == 0
     check_accounting(engine)
 
 
@@ -980,7 +980,7 @@ def test_multipart_complete_with_if_none_match(clock: FakeClock) -> None:
     with pytest.raises(errors.PreconditionFailed):
         engine.complete_upload(T, B, "mp", upload.upload_id, [(1, p1.etag)], if_none_match=True)
     assert engine.get(T, B, "mp") is existing
-    assert upload.upload_id in engine.uploads and engine.reserved == 0
+    assert upload.upload_id in engine.multipart.uploads and engine.reserved == 0
     check_accounting(engine)
     with pytest.raises(errors.PreconditionFailed):
         engine.complete_upload(T, B, "mp", upload.upload_id, [(1, p1.etag)], if_match='"other"')
@@ -1003,7 +1003,7 @@ def test_multipart_complete_over_max_object_size(clock: FakeClock) -> None:
     p2 = _part(engine, upload, 2, b"b" * 100)
     with pytest.raises(errors.EntityTooLarge):
         engine.complete_upload(T, B, "mp", upload.upload_id, [(1, p1.etag), (2, p2.etag)])
-    assert upload.upload_id in engine.uploads and engine.reserved == 0
+    assert upload.upload_id in engine.multipart.uploads and engine.reserved == 0
     check_accounting(engine)
 
 
@@ -1037,7 +1037,7 @@ def test_listeners_get_every_reason(clock: FakeClock) -> None:
 def test_listener_sees_a_committed_object(clock: FakeClock) -> None:
     engine = make_engine(clock)
     seen = []
-    engine.on_store.append(lambda obj: seen.append(engine.get(T, B, obj.key, record=False) is obj))
+    engine.store.on_store.append(lambda obj: seen.append(engine.get(T, B, obj.key, record=False) is obj))
     put(engine, "k0")
     assert seen == [True]
 
@@ -1101,13 +1101,13 @@ class EngineMachine(RuleBasedStateMachine):
         self.uploads: list[tuple[str, str, str]] = []
         self.events: list[tuple[str, StoredObject]] = []  # removals during the current step
         self.counter = 0
-        self.engine.on_remove.append(self._removed)
-        self.engine.on_store.append(self._stored)
+        self.engine.store.on_remove.append(self._removed)
+        self.engine.store.on_store.append(self._stored)
 
     # ---------------------------------------------------------------- listeners
 
     def _stored(self, obj: StoredObject) -> None:
-        assert self.engine.buckets[obj.bucket].objects.get(obj.key) is obj and obj.live
+        assert self.engine.store.buckets[obj.bucket].objects.get(obj.key) is obj and obj.live
 
     def _removed(self, obj: StoredObject, reason: str) -> None:
         now = self.clock.now
@@ -1206,7 +1206,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert ttl is None or ttl > 0
             expected_ttl = min(ttl, engine.config.max_ttl) if ttl is not None else engine.config.default_ttl
             assert obj.ttl == expected_ttl and obj.expires_at == self.clock.now + expected_ttl
-            assert engine.buckets[bucket].objects[key] is obj and bytes(obj.data) == data
+            assert engine.store.buckets[bucket].objects[key] is obj and bytes(obj.data) == data
             replaced = [o for reason, o in self.events if reason == "replaced"]
             assert replaced == ([visible] if visible is not None else [])
             self.model[(bucket, key)] = obj
@@ -1298,12 +1298,12 @@ class EngineMachine(RuleBasedStateMachine):
         now = self.clock.now
         expired = sum(1 for o in stored(self.engine) if o.expired(now))
         upload_ttl = self.engine.config.upload_ttl
-        stale = {uid for uid, u in self.engine.uploads.items() if u.created + upload_ttl <= now}
+        stale = {uid for uid, u in self.engine.multipart.uploads.items() if u.created + upload_ttl <= now}
         assert self.engine.reap(limit) == min(limit, expired)
         assert sum(1 for o in stored(self.engine) if o.expired(now)) == expired - min(limit, expired)
         if len(stale) <= limit:
-            assert not stale & set(self.engine.uploads)
-        self.uploads = [u for u in self.uploads if u[2] in self.engine.uploads]
+            assert not stale & set(self.engine.multipart.uploads)
+        self.uploads = [u for u in self.uploads if u[2] in self.engine.multipart.uploads]
 
     @rule(size=st.integers(0, 3000), release=st.booleans(), data=st.data())
     def reservation(self, size: int, release: bool, data: st.DataObject) -> None:
@@ -1332,7 +1332,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.uploads.append((bucket, key, upload.upload_id))
             return
         bucket, key, uid = data.draw(st.sampled_from(self.uploads))
-        upload = engine.uploads[uid]
+        upload = engine.multipart.uploads[uid]
         if action == "part":
             self.counter += 1
             body = payload(self.counter, size)
@@ -1347,7 +1347,7 @@ class EngineMachine(RuleBasedStateMachine):
             parts, charged = engine.parts_bytes, upload.charged
             engine.abort_upload(T, bucket, key, uid)
             self.uploads.remove((bucket, key, uid))
-            assert engine.parts_bytes == parts - charged and uid not in engine.uploads
+            assert engine.parts_bytes == parts - charged and uid not in engine.multipart.uploads
             with pytest.raises(errors.NoSuchUpload):
                 engine.abort_upload(T, bucket, key, uid)
         else:
@@ -1367,13 +1367,13 @@ class EngineMachine(RuleBasedStateMachine):
                     assert len(expected) > engine.config.max_object_size
                 if isinstance(exc, errors.PreconditionFailed):
                     assert if_none_match and visible is not None
-                assert uid in engine.uploads, f"{type(exc).__name__} lost the upload"
+                assert uid in engine.multipart.uploads, f"{type(exc).__name__} lost the upload"
             else:
                 assert bytes(obj.data) == expected and obj.parts_count == len(parts)
                 assert obj.etag == f'"{etag}-{len(parts)}"'
                 self.model[(bucket, key)] = obj
                 self.uploads.remove((bucket, key, uid))
-                assert uid not in engine.uploads
+                assert uid not in engine.multipart.uploads
 
     @rule()
     def drain_and_check_pins(self) -> None:
@@ -1391,16 +1391,16 @@ class EngineMachine(RuleBasedStateMachine):
         engine = self.engine
         now = self.clock.now
         objs = stored(engine)
-        parts = sum(p.size for u in engine.uploads.values() for p in u.parts.values())
+        parts = sum(p.size for u in engine.multipart.uploads.values() for p in u.parts.values())
         assert engine.used <= engine.config.budget
         assert engine.used == sum(o.charge for o in objs) + parts + engine.reserved
         assert engine.reserved == sum(r.nbytes for r in self.reservations)
         assert engine.parts_bytes == parts
         assert {(o.bucket, o.key): o for o in objs} == self.model
-        for bucket in engine.buckets.values():
+        for bucket in engine.store.buckets.values():
             assert bucket.stats.objects == len(bucket.objects)
             assert bucket.stats.bytes == sum(o.size for o in bucket.objects.values())
-        for bucket in engine.buckets.values():  # each bucket's LRU list holds exactly its live objects
+        for bucket in engine.store.buckets.values():  # each bucket's LRU list holds exactly its live objects
             assert set(bucket.lru) == set(bucket.objects.values()) and len(bucket.lru) == len(bucket.objects)
             assert bucket.stats.charged == sum(o.charge for o in bucket.objects.values())
         assert engine.pinned_bytes >= sum(o.charge for o in objs if o.pinned(now))

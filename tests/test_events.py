@@ -23,7 +23,9 @@ import zmq
 from conftest import Node, free_port, make_client, start_node
 
 from ctxstore_server import events
-from ctxstore_server.engine.store import Engine
+from ctxstore_server.engine import Engine
+from ctxstore_server.node import NodeState
+from ctxstore_server.tenants import TenantRegistry
 from ctxstore_server.settings import Settings, resolve
 
 TOKEN = "events-test-token-0001"
@@ -429,9 +431,9 @@ def test_zmq_settings_are_validated() -> None:
 def test_a_slow_consumer_gets_a_gap_frame_and_is_disconnected(tmp_path: Path) -> None:
     """Its queue is bounded: falling further behind clears it, sends a `gap` (reason slow) and ends."""
     engine = Engine()
-    fake = SimpleNamespace(settings=Settings({"events_consumer_queue": 5}), engine=engine, node_id="n1",
-                           admin_token="t", draining=False)
-    hub = events.EventHub(fake)  # type: ignore[arg-type]
+    settings = Settings(events_consumer_queue=5, admin_token="t")
+    hub = events.EventHub(engine, settings, "n1")
+    stream = events.EventStream(hub, NodeState(settings, TenantRegistry(), engine, "n1"))
     engine.create_bucket("tenant", "bkt")
 
     def put(key: str) -> None:
@@ -459,7 +461,7 @@ def test_a_slow_consumer_gets_a_gap_frame_and_is_disconnected(tmp_path: Path) ->
 
         scope = {"type": "http", "method": "GET", "path": events.EVENTS_PATH, "query_string": b"",
                  "headers": [(b"authorization", b"Bearer t")]}
-        task = asyncio.create_task(hub.serve(scope, receive, send))
+        task = asyncio.create_task(stream.serve(scope, receive, send))
         await asyncio.sleep(0.05)
         put("k0")
         hub.flush_now()
@@ -486,14 +488,12 @@ def test_a_slow_consumer_gets_a_gap_frame_and_is_disconnected(tmp_path: Path) ->
 
 def test_replaced_objects_fold_into_their_new_stored_event() -> None:
     engine = Engine()
-    fake = SimpleNamespace(settings=Settings({}), engine=engine, node_id="n1", admin_token="t",
-                           draining=False)
-    hub = events.EventHub(fake)  # type: ignore[arg-type]
+    hub = events.EventHub(engine, Settings(), "n1")
     engine.create_bucket("tenant", "bkt")
     engine.put("tenant", "bkt", "k", b"1", etag='"1"')
     engine.put("tenant", "bkt", "k", b"22", etag='"2"')
     engine.delete("tenant", "bkt", "k")
     hub.flush_now()
-    assert [(e[events.SEQ], e[events.TYPE], e[events.SIZE], e[events.REASON]) for e in hub.ring] == [
+    assert [(e.seq, e.type, e.size, e.reason) for e in hub.ring] == [
         (1, "stored", 1, None), (2, "stored", 2, None), (3, "removed", 2, "deleted")]
-    assert all(e[events.TENANT] == "tenant" for e in hub.ring)
+    assert all(e.tenant == "tenant" for e in hub.ring)

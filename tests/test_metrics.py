@@ -360,7 +360,7 @@ def test_a_bucket_named_metrics_still_works(node: Node, s3: Any) -> None:
 def _app(**settings: Any) -> App:
     tenants = TenantRegistry()
     tenants.add("default", ACCESS_KEY, SECRET_KEY)
-    return App(Settings(settings), tenants)
+    return App(Settings(**settings), tenants)
 
 
 async def _call(app: App, method: str, path: str, headers: list[tuple[bytes, bytes]],

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
+from support.inprocess import InProcessNode
 from conftest import Node, make_client, start_node
 
 # conftest.start_node leaves its log file handle to the garbage collector; with warnings as errors that
@@ -409,22 +410,25 @@ def test_upload_part_copy_not_implemented(mp, mp_bucket: str) -> None:
     assert code_of(exc) == ("NotImplemented", 501)
 
 
-def test_abandoned_upload_is_dropped_after_upload_ttl(tmp_path: Path) -> None:
-    node = start_node(tmp_path, "--upload-ttl", "1s", "--min-part-size", "1KiB")
-    try:
-        client = make_client(node.endpoint)
-        client.create_bucket(Bucket="stale")
-        upload_id = client.create_multipart_upload(Bucket="stale", Key="k")["UploadId"]
-        upload_parts(client, "stale", "k", upload_id, [b"p" * PART])
-        uploads = client.list_multipart_uploads(Bucket="stale")["Uploads"]
-        assert [u["UploadId"] for u in uploads] == [upload_id]
-        time.sleep(1.6)  # the TTL plus a few housekeeping passes
-        assert client.list_multipart_uploads(Bucket="stale").get("Uploads", []) == []
-        with pytest.raises(ClientError) as exc:
-            client.upload_part(Bucket="stale", Key="k", UploadId=upload_id, PartNumber=2, Body=b"x")
-        assert code_of(exc) == ("NoSuchUpload", 404)
-    finally:
-        node.stop()
+def test_abandoned_upload_is_dropped_after_upload_ttl() -> None:
+    node = InProcessNode(upload_ttl=1.0, min_part_size=1024)  # on a fake clock
+    client = node.client()
+    client.create_bucket(Bucket="stale")
+    upload_id = client.create_multipart_upload(Bucket="stale", Key="k")["UploadId"]
+    upload_parts(client, "stale", "k", upload_id, [b"p" * PART])
+    uploads = client.list_multipart_uploads(Bucket="stale")["Uploads"]
+    assert [u["UploadId"] for u in uploads] == [upload_id]
+    node.advance(0.9)
+    node.housekeep()
+    assert [u["UploadId"] for u in client.list_multipart_uploads(Bucket="stale")["Uploads"]] == [upload_id]
+    node.advance(0.2)  # past the upload TTL: the next housekeeping pass drops it and frees its parts
+    node.housekeep()
+    assert client.list_multipart_uploads(Bucket="stale").get("Uploads", []) == []
+    assert node.engine.parts_bytes == 0
+    with pytest.raises(ClientError) as exc:
+        client.upload_part(Bucket="stale", Key="k", UploadId=upload_id, PartNumber=2, Body=b"x")
+    assert code_of(exc) == ("NoSuchUpload", 404)
+    node.close()
 
 
 # ---------------------------------------------------------------------------------------------------- budget

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 from botocore.exceptions import ClientError
-from conftest import Node, make_client, start_node
+from support.inprocess import InProcessNode
+from support.nodes import Node, make_client, start_node
 
 # conftest.start_node leaves its log file handle to the garbage collector; with warnings as errors that
 # ResourceWarning would fail whichever test happens to start a node.
@@ -314,16 +315,17 @@ def test_header_ttl_wins_over_metadata_ttl(s3, bucket: str) -> None:
     assert expires_at(put) == pytest.approx(time.time() + 60, abs=3)
 
 
-@pytest.fixture(scope="module")
-def ttl_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    node = start_node(tmp_path_factory.mktemp("ttl"), "--default-ttl", "2s", "--max-ttl", "3s")
+@pytest.fixture
+def ttl_node() -> Iterator[InProcessNode]:
+    """A node on a fake clock: time passes when the test says so."""
+    node = InProcessNode(default_ttl=2.0, max_ttl=3.0)
     yield node
-    node.stop()
+    node.close()
 
 
-@pytest.fixture(scope="module")
-def ttl_s3(ttl_node: Node):
-    return make_client(ttl_node.endpoint)
+@pytest.fixture
+def ttl_s3(ttl_node: InProcessNode):
+    return ttl_node.client()
 
 
 def test_max_ttl_caps_requested_ttl(ttl_s3) -> None:
@@ -337,7 +339,7 @@ def test_max_ttl_caps_requested_ttl(ttl_s3) -> None:
     assert expires_at(put) == pytest.approx(time.time() + 2, abs=1)
 
 
-def test_expired_objects_vanish_from_get_head_and_listings(ttl_s3) -> None:
+def test_expired_objects_vanish_from_get_head_and_listings(ttl_node: InProcessNode, ttl_s3) -> None:
     name = "exp-" + secrets.token_hex(4)
     ttl_s3.create_bucket(Bucket=name)
     put_with_ttl(ttl_s3, name, "one-second", b"a", "1")
@@ -346,7 +348,7 @@ def test_expired_objects_vanish_from_get_head_and_listings(ttl_s3) -> None:
     put_with_ttl(ttl_s3, name, "capped", b"d", "60")  # capped at 3s
     assert keys_in(ttl_s3, name) == ["capped", "meta-two", "one-second", "server-default"]
 
-    time.sleep(1.3)
+    ttl_node.advance(1.3)
     with pytest.raises(ClientError) as exc:
         ttl_s3.get_object(Bucket=name, Key="one-second")
     assert code_of(exc) == ("NoSuchKey", 404)
@@ -356,7 +358,7 @@ def test_expired_objects_vanish_from_get_head_and_listings(ttl_s3) -> None:
     assert ttl_s3.get_object(Bucket=name, Key="meta-two")["Body"].read() == b"b"
     assert keys_in(ttl_s3, name) == ["capped", "meta-two", "server-default"]
 
-    time.sleep(1.0)
+    ttl_node.advance(1.0)
     for key in ("meta-two", "server-default"):
         with pytest.raises(ClientError) as exc:
             ttl_s3.get_object(Bucket=name, Key=key)
@@ -366,20 +368,20 @@ def test_expired_objects_vanish_from_get_head_and_listings(ttl_s3) -> None:
     versions = ttl_s3.list_object_versions(Bucket=name).get("Versions", [])
     assert [v["Key"] for v in versions] == ["capped"]
 
-    time.sleep(1.0)
+    ttl_node.advance(1.0)
     assert keys_in(ttl_s3, name) == []
     # An expired object does not keep its bucket from being deleted.
     ttl_s3.delete_bucket(Bucket=name)
 
 
-def test_expired_object_does_not_block_conditional_create(ttl_s3) -> None:
+def test_expired_object_does_not_block_conditional_create(ttl_node: InProcessNode, ttl_s3) -> None:
     name = "exp-cond-" + secrets.token_hex(4)
     ttl_s3.create_bucket(Bucket=name)
     put_with_ttl(ttl_s3, name, "k", b"old", "1")
     with pytest.raises(ClientError) as exc:
         ttl_s3.put_object(Bucket=name, Key="k", Body=b"new", IfNoneMatch="*")
     assert code_of(exc) == ("PreconditionFailed", 412)
-    time.sleep(1.2)
+    ttl_node.advance(1.2)
     ttl_s3.put_object(Bucket=name, Key="k", Body=b"new", IfNoneMatch="*")
     assert ttl_s3.get_object(Bucket=name, Key="k")["Body"].read() == b"new"
 

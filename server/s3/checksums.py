@@ -12,7 +12,7 @@ import binascii
 import hashlib
 from collections.abc import Callable, Mapping
 
-from awscrt import checksums as _crt  # type: ignore[import-untyped]
+from awscrt import checksums as _crt
 
 from .errors import S3Error
 

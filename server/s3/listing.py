@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-from ..engine.objects import StoredObject
+from ..engine import StoredObject
 from .errors import S3Error
 from .xml import Node, document, iso8601
 

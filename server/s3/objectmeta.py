@@ -7,8 +7,7 @@ import email.utils
 import time
 from collections.abc import Mapping
 
-from ..engine.objects import StoredObject
-from ..engine.objects import etag_matches
+from ..engine import StoredObject, etag_matches
 from ..settings import parse_duration
 from .errors import S3Error
 

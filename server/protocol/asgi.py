@@ -1,8 +1,9 @@
-"""A lean request/response layer over raw ASGI, shared by the S3 and bulk data paths.
+"""Raw ASGI for the data paths: the request (method, raw path, query, headers, body as it arrives) and a
+response sender that hands stored buffers to the server without copying them.
 
-Starlette's routing costs about half the small-request throughput on these machines (see
-docs/architecture.md), so the data path reads the ASGI scope directly and sends memoryviews of stored
-payloads without copying them.
+Starlette's routing costs about half the small-request throughput on these machines
+(``../shared/PERF-NOTES.md``: bare uvicorn ASGI ~20k req/s against ~9.7k with Starlette routing for 64 KiB
+GETs), so the S3 and bulk services read the ASGI scope directly.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -18,6 +19,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Buffer = bytes | bytearray | memoryview
 
 # Large payloads go out in slices so the server's write flow control can pause us between them.
 SEND_SLICE = 1 << 20
@@ -64,7 +66,7 @@ class Request:
     def header(self, name: str, default: str | None = None) -> str | None:
         return self.headers.get(name, default)
 
-    async def chunks(self) -> Any:
+    async def chunks(self) -> AsyncIterator[bytes]:
         """Yield the body as it arrives. Raises ClientDisconnected, or BodyTimeout after a stall."""
         self.body_started = True
         loop = asyncio.get_running_loop()
@@ -105,6 +107,14 @@ class Request:
         return b"".join(parts)
 
 
+def raw_header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lowercase) in an ASGI scope, as sent."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
 def parse_query(raw: bytes) -> dict[str, str]:
     """Query parameters, percent-decoded; ``+`` stays a plus sign (S3 clients encode spaces as %20)."""
     out: dict[str, str] = {}
@@ -123,23 +133,32 @@ async def send_response(
     send: Send,
     status: int,
     headers: Iterable[tuple[str, str]],
-    body: bytes | memoryview = b"",
+    body: Buffer | Sequence[Buffer] = b"",
     *,
     head: bool = False,
     content_length: int | None = None,
-) -> None:
-    """Send a complete response. ``head``: headers only (Content-Length still describes the body)."""
-    length = len(body) if content_length is None else content_length
+) -> int:
+    """Send a complete response; ``body`` is one buffer or several sent back to back (each stored buffer as
+    it is: no copy, no join). ``head``: headers only (Content-Length still describes the body). Returns the
+    body bytes sent."""
+    parts: Sequence[Buffer] = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
+    length = sum(len(p) for p in parts) if content_length is None else content_length
     raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
     raw_headers.append((b"content-length", str(length).encode()))
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    if head or not body:
+    pieces = [] if head else [piece for part in parts if len(part) for piece in _slices(part)]
+    if not pieces:
         await send({"type": "http.response.body", "body": b""})
-        return
-    if len(body) <= SEND_SLICE:
-        await send({"type": "http.response.body", "body": body})
-        return
-    view = memoryview(body)
-    for start in range(0, len(view), SEND_SLICE):
-        end = start + SEND_SLICE
-        await send({"type": "http.response.body", "body": view[start:end], "more_body": end < len(view)})
+        return 0
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        await send({"type": "http.response.body", "body": piece, "more_body": i < last})
+    return length
+
+
+def _slices(part: Buffer) -> list[Buffer]:
+    """A large buffer in SEND_SLICE pieces, so the server's write flow control can pause us between them."""
+    if len(part) <= SEND_SLICE:
+        return [part]
+    view = memoryview(part)
+    return [view[start:start + SEND_SLICE] for start in range(0, len(view), SEND_SLICE)]

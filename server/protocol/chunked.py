@@ -9,7 +9,7 @@ ended by a chunk of size 0 and, for the ``*-TRAILER`` payload modes, trailer lin
 header or trailer line (capped at :data:`MAX_LINE` bytes), so its memory is bounded whatever the body size.
 
 In the signed modes (``STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]``) a :class:`ChunkSigner`, made by
-:func:`ctxstore_server.s3.auth.authenticate` from the request's seed signature, checks each chunk's signature
+:func:`ctxstore_server.protocol.auth.authenticate` from the request's seed signature, checks each chunk's signature
 once the chunk's data is complete. Payload pieces are therefore handed out *before* their chunk is verified:
 the caller must not make the upload visible until :meth:`AwsChunkedDecoder.finish` has returned.
 """
@@ -20,7 +20,7 @@ import hashlib
 import hmac
 from enum import Enum
 
-from .errors import S3Error
+from .errors import Reject, RequestError
 
 MAX_LINE = 4096  # longest chunk header or trailer line, CRLF included (a signed header is ~90 bytes)
 MAX_TRAILER_BYTES = 16 * 1024  # all trailer lines together
@@ -63,8 +63,8 @@ class ChunkSigner:
     def _check(self, string_to_sign: str, signature: str, what: str) -> None:
         expected = hmac.digest(self._key, string_to_sign.encode("utf-8"), "sha256").hex()
         if not hmac.compare_digest(expected.encode("ascii"), signature.encode("utf-8")):
-            raise S3Error(
-                "SignatureDoesNotMatch", f"The {what} signature we calculated does not match the one sent."
+            raise RequestError(
+                Reject.SIGNATURE_MISMATCH, f"The {what} signature we calculated does not match the one sent."
             )
         self._previous = expected
 
@@ -77,8 +77,8 @@ class _State(Enum):
     END = "end"
 
 
-def _malformed(detail: str) -> S3Error:
-    return S3Error("InvalidRequest", f"Malformed aws-chunked body: {detail}.")
+def _malformed(detail: str) -> RequestError:
+    return RequestError(Reject.INVALID_REQUEST, f"Malformed aws-chunked body: {detail}.")
 
 
 class AwsChunkedDecoder:
@@ -86,7 +86,7 @@ class AwsChunkedDecoder:
 
     ``signer`` is the request's :class:`ChunkSigner` for the signed modes, None for
     ``STREAMING-UNSIGNED-PAYLOAD-TRAILER`` (chunk signatures, if any, are then ignored). ``expect_trailer`` is
-    True for the ``*-TRAILER`` modes. After any :class:`S3Error` the decoder must be discarded.
+    True for the ``*-TRAILER`` modes. After any :class:`~.errors.RequestError` the decoder must be discarded.
     """
 
     def __init__(
@@ -167,7 +167,7 @@ class AwsChunkedDecoder:
             self._require_trailer_signature()
             self._state = _State.END
         if self._state is not _State.END:
-            raise S3Error("IncompleteBody", "The aws-chunked body ended before its final chunk.")
+            raise RequestError(Reject.INCOMPLETE_BODY, "The aws-chunked body ended before its final chunk.")
         return dict(self._trailers)
 
     # -- lines ------------------------------------------------------------------------------------------
@@ -213,8 +213,8 @@ class AwsChunkedDecoder:
                     if name == b"chunk-signature":
                         signature = value.decode("utf-8", "replace")
             if signature is None:
-                raise S3Error(
-                    "SignatureDoesNotMatch", "A chunk of a signed aws-chunked body has no chunk-signature."
+                raise RequestError(
+                    Reject.SIGNATURE_MISMATCH, "A chunk of a signed aws-chunked body has no chunk-signature."
                 )
             self._chunk_signature = signature
             self._hasher = hashlib.sha256()
@@ -269,4 +269,4 @@ class AwsChunkedDecoder:
 
     def _require_trailer_signature(self) -> None:
         if self._signer is not None and self._expect_trailer and not self._trailer_signed:
-            raise S3Error("SignatureDoesNotMatch", "The signed trailer has no x-amz-trailer-signature.")
+            raise RequestError(Reject.SIGNATURE_MISMATCH, "The signed trailer has no x-amz-trailer-signature.")
