@@ -19,7 +19,7 @@ ensure_venv() {
     VENV="$venv"
 }
 
-# LMCache (for tests/test_lmcache.py). Its declared requirements pull a CUDA stack (cupy, cuda-python) and
+# LMCache (for tests/integrations/test_lmcache.py). Its declared requirements pull a CUDA stack (cupy, cuda-python) and
 # downgrade numpy and fastapi, so it goes in without them, followed by what it really imports on a CPU.
 LMCACHE_VERSION=0.5.6
 LMCACHE_CPU_DEPS="py-cpuinfo psutil msgspec blake3 aiofile aiofiles caio cachetools numba aiohttp requests"
@@ -34,6 +34,6 @@ ensure_lmcache() {
         && "$VENV/bin/python" -c "import lmcache.v1.cache_engine, lmcache.v1.config"; then
         touch "$stamp"
     else
-        echo "scripts/test: LMCache $LMCACHE_VERSION is not usable here; tests/test_lmcache.py will skip" >&2
+        echo "scripts/test: LMCache $LMCACHE_VERSION is not usable here; tests/integrations/test_lmcache.py will skip" >&2
     fi
 }

@@ -15,7 +15,7 @@ Payload = Union[bytes, bytearray]
 
 # Fixed bytes charged per object on top of its payload, key and metadata: the Python objects that hold it
 # (the record with its slots, the sorted-index and LRU entries, the expiry-heap tuple). Measured with
-# tracemalloc by benchmarks/object_overhead.py (642 bytes measured; charged with headroom); see docs/architecture.md.
+# tracemalloc by benchmarks/object_overhead.py (694 bytes measured; charged with headroom); see docs/architecture.md.
 OBJECT_OVERHEAD = 700
 
 

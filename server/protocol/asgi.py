@@ -1,9 +1,8 @@
 """Raw ASGI for the data paths: the request (method, raw path, query, headers, body as it arrives) and a
 response sender that hands stored buffers to the server without copying them.
 
-Starlette's routing costs about half the small-request throughput on these machines
-(``../shared/PERF-NOTES.md``: bare uvicorn ASGI ~20k req/s against ~9.7k with Starlette routing for 64 KiB
-GETs), so the S3 and bulk services read the ASGI scope directly.
+Framework routing costs a large share of small-request throughput, so the S3 and bulk services read the
+ASGI scope directly (docs/architecture.md).
 """
 
 from __future__ import annotations

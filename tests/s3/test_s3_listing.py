@@ -11,7 +11,7 @@ from urllib.parse import unquote_plus
 import botocore.handlers
 import pytest
 from botocore.exceptions import ClientError
-from conftest import Node, make_client
+from support.nodes import Node, make_client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

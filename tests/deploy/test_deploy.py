@@ -29,12 +29,13 @@ from typing import Any
 
 import pytest
 import yaml
+from support import REPO_ROOT
 from support.nodes import free_port
 
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD
 from ctxstore_server.settings import SETTINGS, parse_duration, parse_size
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
 SYSTEMD = DEPLOY / "systemd"

@@ -1,4 +1,4 @@
-"""One LMCache process for tests/test_lmcache.py, talking to ctxstore through LMCache's own, unmodified S3
+"""One LMCache process for tests/integrations/test_lmcache.py, talking to ctxstore through LMCache's own, unmodified S3
 code (awscrt, virtual-hosted style: the bucket is in the Host header ``<bucket>.<domain>:<port>``).
 
 Usage: ``python worker.py MODE CONFIG.yaml DATA.pt [HOSTS_LINE ...]``, MODE one of

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Node, make_client, start_node
+from support.nodes import Node, make_client, start_node
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

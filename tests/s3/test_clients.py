@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client
 
 minio = pytest.importorskip("minio")
 from minio.commonconfig import CopySource  # noqa: E402

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import Node, make_client, start_node
+from support.nodes import Node, make_client, start_node
 from test_admin_api import TOKEN, Admin, bulk_pin, keys_of
 
 SIZE = 2000  # payload of every ordinary block here; keys have equal lengths so every block costs the same

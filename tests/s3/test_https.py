@@ -23,8 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from conftest import ACCESS_KEY, SECRET_KEY, Node, start_node
-from test_malformed import (
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, start_node
+from support.raw import (
     SIGNED_CHUNKS,
     SIGNED_CHUNKS_TRAILER,
     raw_request,

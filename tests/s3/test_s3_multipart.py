@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 from support.inprocess import InProcessNode
-from conftest import Node, make_client, start_node
+from support.nodes import Node, make_client, start_node
 
 # conftest.start_node leaves its log file handle to the garbage collector; with warnings as errors that
 # ResourceWarning would fail whichever test happens to start a node.

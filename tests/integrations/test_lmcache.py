@@ -1,7 +1,7 @@
 """LMCache's S3 remote backend against an unchanged ctxstore (docs/integrations.md, "LMCache").
 
 LMCache is not a dependency of ctxstore: these tests skip, with the reason, where ``lmcache`` (and the torch
-it runs on) is not installed. Each LMCache side runs in its own OS process (tests/lmcache_helpers/worker.py):
+it runs on) is not installed. Each LMCache side runs in its own OS process (tests/integrations/lmcache_helpers/worker.py):
 
 * ``LMCacheEngine`` with ``remote_url: s3://<bucket>.localhost:<port>``: one process stores a real KV tensor
   (two 12 MiB chunks: over awscrt's 8 MiB part size, so multipart uploads); another one, with an empty local
@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
 
 if importlib.util.find_spec("lmcache") is None or importlib.util.find_spec("torch") is None:
     pytest.skip("lmcache (and torch) not installed: see docs/integrations.md for the install commands",

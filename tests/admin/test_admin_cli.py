@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import Node, make_client, start_node, wait_ready
+from support.nodes import Node, make_client, start_node, wait_ready
 from ctxstore import admin
 
 TOKEN = "admin-cli-token-" + secrets.token_hex(8)

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ACCESS_KEY, SECRET_KEY, Node
+from support import REPO_ROOT
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node
 
 pytestmark = pytest.mark.real_model
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 WORKER = ROOT / "examples" / "hf_worker.py"
 
 PROMPT = {"prompt_seed": 1, "prompt_len": 2000}  # 125 blocks of 16 tokens

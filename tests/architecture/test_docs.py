@@ -1,11 +1,12 @@
 """Generated docs stay in sync with the tables they come from."""
 
-from pathlib import Path
+
+from support import REPO_ROOT
 
 from ctxstore_server import settings
 from ctxstore_server.s3 import router
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = REPO_ROOT / "docs"
 
 
 def test_configuration_doc_is_generated_from_the_settings_table() -> None:

@@ -4,11 +4,11 @@ WireError, and limits fail with the right codes."""
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+from support import REPO_ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -290,7 +290,7 @@ def test_well_formed_msgpack_with_wrong_fields_raises_only_wire_errors(
 
 # ---------------------------------------------------------------------------- docs/bulk-api.md stays true
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "bulk-api.md"
+DOC = REPO_ROOT / "docs" / "bulk-api.md"
 
 
 def test_doc_lists_every_error_code_with_its_status() -> None:

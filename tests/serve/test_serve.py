@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import ACCESS_KEY, SECRET_KEY, Node, free_port, make_client, start_node, wait_ready
-from test_malformed import RawConn, sign
+from support import REPO_ROOT
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port, make_client, start_node, wait_ready
+from support.raw import RawConn, sign
 
 BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO_ROOT
 
 
 def clean_env(**extra: str) -> dict[str, str]:

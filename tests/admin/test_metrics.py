@@ -20,7 +20,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
 from prometheus_client.parser import text_string_to_metric_families
 
 from ctxstore import __version__, wire

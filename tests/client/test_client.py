@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client
 from ctxstore import (
     AsyncContextStore,
     AsyncNamespace,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ACCESS_KEY, SECRET_KEY, Node, start_node, wait_ready
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, start_node, wait_ready
 from ctxstore import (
     AsyncContextStore,
     AuthenticationError,

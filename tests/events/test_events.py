@@ -20,7 +20,7 @@ import msgpack
 import pytest
 import xxhash
 import zmq
-from conftest import Node, free_port, make_client, start_node
+from support.nodes import Node, free_port, make_client, start_node
 
 from ctxstore_server import events
 from ctxstore_server.engine import Engine

@@ -26,13 +26,13 @@ from ctxstore import wire
 from fastapi.routing import APIRoute
 
 from support.inprocess import InProcessNode
-from conftest import ACCESS_KEY, OTHER_ACCESS_KEY, OTHER_SECRET_KEY, SECRET_KEY, Node, make_client, start_node
+from support.nodes import ACCESS_KEY, OTHER_ACCESS_KEY, OTHER_SECRET_KEY, SECRET_KEY, Node, make_client, start_node
 from ctxstore_server.admin.api import DOCS_PATHS, PREFIX
 from ctxstore_server.app import App
 from ctxstore_server.serve import ensure_admin_token
 from ctxstore_server.settings import Settings
 from ctxstore_server.tenants import TenantRegistry
-from test_malformed import sign
+from support.raw import sign
 
 TOKEN = "ctx-admin-" + secrets.token_hex(16)
 # The only admin paths served without the token: the API docs and the status page (a page with no data in it,

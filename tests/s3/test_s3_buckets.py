@@ -17,7 +17,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
 
 # conftest.start_node leaves its log file handle to the garbage collector; with warnings as errors that
 # ResourceWarning would fail whichever test happens to start a node.
