@@ -256,8 +256,12 @@ class AsyncContextStore:
         async def one(node: Node, idx: list[int]) -> None:
             reader = GetReader(len(idx), destinations, idx)
             head = wire.encode_keys_request("get", wire.KeysRequest([keys[i] for i in idx], pin=pin))
-            if await self._exchange(node, bucket, "get", head, lambda r: reader, reader=reader) is None:
+            if await self._exchange(node, bucket, "get", head, lambda r: reader.finish(), reader=reader) is None:
                 return
+            if reader.oversized:  # blocks that did not fit the caller's buffers were discarded: misses
+                self.metrics.count("oversized_blocks", len(reader.oversized))
+                if self.strict:
+                    raise ConfigurationError(destinations.error or "a block does not fit its buffer")
             received = 0
             for j, i in enumerate(idx):
                 view = reader.views[j]
@@ -273,8 +277,6 @@ class AsyncContextStore:
             self.metrics.count("bytes_in", received)
 
         await self._fan_out(one, keys)
-        if destinations.error is not None:
-            raise ConfigurationError(destinations.error)
         return views
 
     async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,

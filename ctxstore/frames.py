@@ -15,35 +15,64 @@ from .buffers import Destinations
 from .errors import ProtocolError
 
 
+MAX_BLOCK_BYTES = 1 << 30  # a get answer announcing a bigger block is malformed (nothing is allocated for it)
+
+
 class GetReader:
-    """Reads a bulk ``get`` response: head first, then each payload straight into its destination."""
+    """Reads a bulk ``get`` response: head first, then each payload straight into its destination.
+
+    Whatever bytes arrive, it either places them or raises a :class:`~ctxstore.errors.ProtocolError` (the
+    transport then fails the call: a miss), and it never allocates more than the blocks that really arrive:
+    a block's buffer (when the caller gave none) is made when its first byte is due, and a head whose sizes
+    do not add up to the answer's Content-Length is refused before any payload is read."""
 
     _DISCARD = memoryview(bytearray(256 << 10))
 
-    def __init__(self, n_keys: int, destinations: Destinations, indices: Sequence[int]) -> None:
+    def __init__(self, n_keys: int, destinations: Destinations, indices: Sequence[int], *,
+                 max_block: int = MAX_BLOCK_BYTES) -> None:
         self._n_keys = n_keys
         self._dest = destinations
         self._indices = indices  # global block index of each key of this call
+        self._max_block = max_block
+        self._length: int | None = None  # the answer's Content-Length, once known
         self._prefix = bytearray(4)
         self._head: bytearray | None = None
         self._pos = 0
         self.meta: wire.GetResponse | None = None
-        self.views: list[memoryview | None] = []  # per key of this call: where its payload went
-        self._queue: list[tuple[memoryview | None, int, int]] = []  # (target or None, size, key index)
+        self.views: list[memoryview | None] = [None] * n_keys  # per key of this call: where its payload went
+        self._queue: list[int] = []  # key indices with a payload, in answer order
         self._q = 0
+        self._target: memoryview | None = None  # where the current payload goes (None: discarded)
         # Per key: did its payload verify? Checked the moment a block lands, while it is still in cache
         # (hashing afterwards, once 128 MiB went by, cost twice as much CPU).
-        self.verified: list[bool] = []
+        self.verified: list[bool] = [False] * n_keys
+        self.oversized: list[int] = []  # keys whose block did not fit the caller's buffer (discarded)
+
+    def begin(self, length: int) -> None:
+        """The answer's Content-Length (the transport calls this before the first body byte)."""
+        self._length = length
+
+    @property
+    def done(self) -> bool:
+        return self.meta is not None and self._q == len(self._queue)
+
+    def finish(self) -> GetReader:
+        """The reader, once the whole frame arrived; ProtocolError if the answer ended inside it."""
+        if not self.done:
+            raise ProtocolError("", 200, "IncompleteBody", "the get answer ended inside its frame")
+        return self
 
     def get_buffer(self) -> memoryview:
         if self._head is None:
             return memoryview(self._prefix)[self._pos:]
         if self.meta is None:
             return memoryview(self._head)[self._pos:]
-        target, size, _ = self._queue[self._q]
-        if target is None:
+        if self._q == len(self._queue):
+            raise ProtocolError("", 200, "ExtraBytes", "bytes beyond the get answer's frame")
+        size = self.meta.sizes[self._queue[self._q]]
+        if self._target is None:
             return self._DISCARD[:min(size - self._pos, len(self._DISCARD))]
-        return target[self._pos:]
+        return self._target[self._pos:]
 
     def written(self, n: int) -> None:
         self._pos += n
@@ -57,35 +86,46 @@ class GetReader:
         if self.meta is None:
             if self._pos == len(self._head):
                 head, _ = wire.unpack_head(bytes(self._prefix) + bytes(self._head))
-                self.meta = wire.decode_get_head(head, self._n_keys)
-                self._plan()
+                self._plan(wire.decode_get_head(head, self._n_keys), 4 + len(self._head))
             return
-        target, size, j = self._queue[self._q]
-        if self._pos == size:
-            if target is not None:
-                assert self.meta is not None
-                self.verified[j] = xxhash.xxh3_64_intdigest(target) == self.meta.xxh3[j]
-            self._q += 1
-            self._pos = 0
-            self._skip_empty()
+        j = self._queue[self._q]
+        if self._pos == self.meta.sizes[j]:
+            self._landed(j)
 
-    def _plan(self) -> None:
-        assert self.meta is not None
-        self.verified = [False] * len(self.meta.sizes)
-        for i, size in enumerate(self.meta.sizes):
-            if size == wire.ABSENT:
-                self.views.append(None)
-                continue
-            target = self._dest.view(self._indices[i], size)
-            self.views.append(target)
-            self._queue.append((target, size, i))
+    def _plan(self, meta: wire.GetResponse, head_bytes: int) -> None:
+        if any(size > self._max_block for size in meta.sizes):
+            raise ProtocolError("", 200, "MalformedFrame", f"a block over {self._max_block} bytes")
+        if self._length is not None and head_bytes + meta.payload_bytes != self._length:
+            raise ProtocolError("", 200, "MalformedFrame",
+                                f"the head announces {meta.payload_bytes} payload bytes; the answer has "
+                                f"{self._length - head_bytes}")
+        self.meta = meta
+        self._queue = [i for i, size in enumerate(meta.sizes) if size != wire.ABSENT]
+        self._next()
+
+    def _next(self) -> None:
+        """Move to the next payload: resolve where it goes; empty ones land at once."""
+        meta = self.meta
+        if meta is None:
+            return
         self._pos = 0
-        self._skip_empty()
+        while self._q < len(self._queue):
+            j = self._queue[self._q]
+            size = meta.sizes[j]
+            self._target = self._dest.view(self._indices[j], size)
+            if self._target is None:
+                self.oversized.append(j)
+            if size:
+                return
+            self._record(j, meta)
 
-    def _skip_empty(self) -> None:
-        while self._q < len(self._queue) and self._queue[self._q][1] == 0:
-            target, _, j = self._queue[self._q]
-            if target is not None:
-                assert self.meta is not None
-                self.verified[j] = xxhash.xxh3_64_intdigest(target) == self.meta.xxh3[j]
-            self._q += 1
+    def _landed(self, j: int) -> None:
+        if self.meta is not None:
+            self._record(j, self.meta)
+            self._next()
+
+    def _record(self, j: int, meta: wire.GetResponse) -> None:
+        if self._target is not None:
+            self.views[j] = self._target
+            self.verified[j] = xxhash.xxh3_64_intdigest(self._target) == meta.xxh3[j]
+        self._q += 1

@@ -227,14 +227,25 @@ def test_numpy_blocks_save_and_restore(ns: Namespace) -> None:
     assert np.array_equal(out, kv)
 
 
-def test_too_small_or_read_only_destinations_raise(saved: Saved) -> None:
+def test_blocks_too_big_for_their_buffers_are_misses_or_raise_in_strict_mode(pod: list[Node], store: ContextStore,
+                                                                           saved: Saved) -> None:
+    ns, tokens, blocks = saved
+    before = store.metrics_snapshot()["oversized_blocks"]
+    assert ns.restore(tokens, out=bytearray(N * BLOCK - 1)).n_blocks == 0  # every slot one byte short
+    last_short = [bytearray(BLOCK) for _ in range(N - 1)] + [bytearray(BLOCK - 1)]
+    result = ns.restore(tokens, out=last_short)  # the last block does not fit: the prefix before it does
+    assert result.n_blocks == N - 1 and [bytes(b) for b in result.blocks] == blocks[:N - 1]
+    assert store.metrics_snapshot()["oversized_blocks"] == before + N + 1
+    with ContextStore(endpoints(pod), access_key=ACCESS_KEY, secret_key=SECRET_KEY, strict=True) as strict:
+        strict_ns = strict.namespace(ns.bucket, model="test/model", block_size=BS, create=False)
+        with pytest.raises(ConfigurationError, match="holds"):
+            strict_ns.restore(tokens, out=last_short)
+
+
+def test_too_few_or_read_only_destinations_raise(saved: Saved) -> None:
     ns, tokens, _ = saved
     with pytest.raises(ConfigurationError):
-        ns.restore(tokens, out=bytearray(N * BLOCK - 1))  # slots one byte short
-    with pytest.raises(ConfigurationError):
         ns.restore(tokens, out=[bytearray(BLOCK)] * (N - 1))  # too few buffers
-    with pytest.raises(ConfigurationError):
-        ns.restore(tokens, out=[bytearray(BLOCK)] * (N - 1) + [bytearray(BLOCK - 1)])
     with pytest.raises(ConfigurationError):
         ns.restore(tokens, out=bytes(N * BLOCK))
     with pytest.raises(ConfigurationError):
