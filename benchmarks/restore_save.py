@@ -721,7 +721,10 @@ def plot(rows: Sequence[Row], path: Path, note: str) -> None:
         ax.set_title(f"{op} of 128 MiB (label: peer ÷ ctxstore, same round)", fontsize=8)
         ax.margins(y=0.25)
     handles, labels = axes[0].get_legend_handles_labels()
-    names = [s.replace(" syscalls", ", block-size syscalls") if "unbounded" not in s else s for s in labels]
+    families = {"Redis": "Redis (MGET / MSET)", "Mooncake": "Mooncake Store TCP (batch_get_into / batch_put_from)"}
+    names = [next((f for p, f in families.items() if s.startswith(p)), s) for s in labels]
+    names = [s.replace(" syscalls", ", block-size syscalls") if s.startswith("C ") and "unbounded" not in s else s
+             for s in names]
     fig.legend(handles, names, loc="lower center", ncol=len(names), fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, 0.03))
     lk = [r for r in rows if r.scenario.op == "lookup"]
