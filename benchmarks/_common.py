@@ -180,11 +180,13 @@ def busy_cores(seconds: float = 2.0) -> str:
 
 
 def source_state() -> str:
-    """The commit the code under test is at, and whether the working tree differs from it."""
+    """The commit the code under test is at, and whether the working tree (outside docs/) differs from it."""
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], check=False,
                               capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+        # docs/ holds results (tables, the plots these scripts rewrite), not the code under test.
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)docs"],
                                check=False, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "source: unknown"

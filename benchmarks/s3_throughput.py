@@ -33,8 +33,8 @@ Every server gets the same requests (the same signed headers; the others ignore 
 against every server in turn, the order reversed every other round. Reported per case and server: the
 median over rounds of req/s (and MB/s), the medians of wrk's p50 and p99 latency, ctxstore's req/s over
 this server's (from the medians, and the median of the same-round ratios), the server's CPU per request and
-per GB moved (from /proc/<pid>/stat around each wrk run), and non-2xx answers (a server with any has an
-upper-bound figure). On a shared machine read the same-round ratios and the CPU columns.
+per GB moved (from /proc/<pid>/stat around each wrk run), and errors: non-2xx answers plus wrk's socket
+errors and time-outs (a server with any has an upper-bound figure). On a shared machine read the same-round ratios and the CPU columns.
 """
 
 from __future__ import annotations
@@ -410,7 +410,7 @@ def _label(op: str, size: int) -> str:
 def print_table(cases: Sequence[tuple[str, int]], servers: Sequence[Server],
                 results: dict[tuple[int, str], Result]) -> None:
     print("| case | server | req/s | MB/s | p50 ms | p99 ms | ctxstore ÷ this (same-round) | server CPU µs/req | "
-          "server CPU s/GB | non-2xx |")
+          "server CPU s/GB | errors |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     summary = []
     for ci, (op, size) in enumerate(cases):
