@@ -4,7 +4,7 @@ docs/benchmarks-s3.png.
 
 Command (from the repository root; results go in docs/benchmarks.md):
 
-    apt-get install -y wrk nginx-light                 # the native load generator; nginx (static files + WebDAV PUT)
+    apt-get install -y wrk nginx                 # the native load generator; nginx (static files + WebDAV PUT)
     .venv/bin/pip install -e '.[bench]'                # moto's S3 server, matplotlib
     .venv/bin/python benchmarks/s3_throughput.py       # defaults: --rounds 3 --seconds 4
                                                        #   --cases GET:65536,PUT:65536,GET:1048576
@@ -247,7 +247,7 @@ def start_gofakes3(procs: S3Processes, workdir: str, args: argparse.Namespace) -
 def start_nginx(procs: S3Processes, workdir: str, args: argparse.Namespace) -> Server:
     exe = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if exe is None:
-        raise Unavailable("nginx missing: apt-get install -y nginx-light")
+        raise Unavailable("nginx missing: apt-get install -y nginx")
     # tmpfs, so that a GET reads and a PUT writes memory, as the in-memory servers do.
     base = Path(tempfile.mkdtemp(prefix="bench-nginx-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     for sub in ("root/" + BUCKET, "body", "proxy", "fastcgi", "uwsgi", "scgi"):
