@@ -32,7 +32,7 @@ import yaml
 from support import REPO_ROOT
 from support.nodes import free_port
 
-from ctxstore_server.engine.objects import OBJECT_OVERHEAD
+from ctxstore_server.engine import OBJECT_OVERHEAD
 from ctxstore_server.settings import SETTINGS, parse_duration, parse_size
 
 ROOT = REPO_ROOT
