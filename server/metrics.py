@@ -37,7 +37,7 @@ from ctxstore import __version__
 
 from . import bearer
 from .node import NodeState
-from .protocol.asgi import Request, Scope, Send, raw_header, send_response
+from .protocol.asgi import Request, Scope, Send, ascii_int, raw_header, send_response
 
 audit = logging.getLogger("ctxstore.audit")
 
@@ -148,7 +148,7 @@ def body_bytes(req: Request) -> int:
     without the chunk framing), else ``Content-Length``; 0 if neither is usable."""
     headers = req.headers
     declared = headers.get("x-amz-decoded-content-length") or headers.get("content-length")
-    return int(declared) if declared and declared.isdigit() else 0
+    return ascii_int(declared) or 0
 
 
 class StoreCollector(Collector):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ctxstore import wire
 
 from ..engine import Engine
-from ..protocol.asgi import Request
+from ..protocol.asgi import Request, ascii_int
 from ..protocol.auth import AuthContext
 from ..protocol.payload import PayloadHash
 from .errors import BulkError
@@ -32,8 +32,7 @@ class BulkCall:
 
     def declared_length(self) -> int | None:
         """The Content-Length, if the request has a usable one."""
-        declared = self.req.headers.get("content-length")
-        return int(declared) if declared is not None and declared.isascii() and declared.isdigit() else None
+        return ascii_int(self.req.headers.get("content-length"))
 
     async def read_head(self, op: str) -> dict[str, object]:
         """The whole body of a head-only request: exactly one frame, no payloads."""

@@ -22,7 +22,7 @@ from ctxstore.admin_schema import EVENTS_PATH
 
 from .. import bearer
 from ..node import NodeState
-from ..protocol.asgi import Receive, Scope, Send, parse_query, raw_header, send_response
+from ..protocol.asgi import Receive, Scope, Send, ascii_int, parse_query, raw_header, send_response
 from .hub import Consumer, EventHub
 from .model import STREAM_CONTENT_TYPE, Event, encode_event, frame, pack
 
@@ -209,9 +209,10 @@ def _int_param(query: dict[str, str], name: str) -> int | None:
     raw = query.get(name)
     if raw is None or raw == "":
         return None
-    if not raw.isdigit():
+    value = ascii_int(raw)
+    if value is None:
         raise ValueError(f"{name} must be a non-negative integer, got {raw!r}")
-    return int(raw)
+    return value
 
 
 async def _json(send: Send, status: int, body: dict[str, Any],

@@ -106,6 +106,18 @@ class Request:
         return b"".join(parts)
 
 
+def ascii_int(text: str | None) -> int | None:
+    """A non-negative integer written in ASCII digits (HTTP and S3 numbers), else None.
+
+    ``str.isdigit`` and ``int`` accept other scripts' digits and superscripts ("²", "١"): never for input."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
 def raw_header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header ``name`` (lowercase) in an ASGI scope, as sent."""
     for key, value in scope["headers"]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..metrics import CLIENT_CLOSED, RequestMetrics
-from .asgi import BodyTimeout, Buffer, ClientDisconnected, Receive, Request, Scope, Send, send_response
+from .asgi import BodyTimeout, Buffer, ClientDisconnected, Receive, Request, Scope, Send, ascii_int, send_response
 from .errors import Reject, RequestError
 
 log = logging.getLogger("ctxstore.request")
@@ -87,9 +87,9 @@ def must_close(req: Request) -> bool:
     headers = req.headers
     if "transfer-encoding" in headers:
         return True
-    length = headers.get("content-length", "0")
-    if not (length.isascii() and length.isdigit()):
+    length = ascii_int(headers.get("content-length", "0"))
+    if length is None:
         return True
-    if int(length) == 0:
+    if length == 0:
         return False
-    return headers.get("expect", "").lower() == "100-continue" or int(length) > DRAIN_LIMIT
+    return headers.get("expect", "").lower() == "100-continue" or length > DRAIN_LIMIT

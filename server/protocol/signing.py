@@ -16,7 +16,7 @@ from urllib.parse import quote, unquote_to_bytes
 from .chunked import ChunkSigner
 from .errors import Reject, RequestError
 
-_AMZ_DATE = re.compile(r"\d{8}T\d{6}Z")
+_AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 
 
 @dataclass(frozen=True)

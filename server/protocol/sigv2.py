@@ -91,7 +91,7 @@ def verify_presigned(
             Reject.ACCESS_DENIED,
             "Query-string authentication requires the Signature, Expires and AWSAccessKeyId parameters",
         )
-    if not re.fullmatch(r"\d{1,12}", expires):
+    if not re.fullmatch(r"[0-9]{1,12}", expires):
         raise RequestError(Reject.ACCESS_DENIED, "Invalid date (should be seconds since epoch)")
     credentials = lookup_credentials(lookup, access_key)
     if now > int(expires):

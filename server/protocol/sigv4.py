@@ -297,16 +297,18 @@ def verify_presigned(request: SignedRequest, lookup: CredentialLookup, now: floa
 
 
 def _presigned_expires(text: str) -> int:
-    error = Reject.MALFORMED_PRESIGNED
-    if not re.fullmatch(r"-?\d{1,12}", text):
-        raise RequestError(error, "X-Amz-Expires should be a number")
+    """The lifetime of a presigned URL. Not a number: malformed (400); out of range: the URL grants nothing
+    (403 AccessDenied, as S3 conformance suites expect)."""
+    if not re.fullmatch(r"-?[0-9]{1,12}", text):
+        raise RequestError(Reject.MALFORMED_PRESIGNED, "X-Amz-Expires should be a number")
     expires = int(text)
     if expires < 0:
-        raise RequestError(error, "X-Amz-Expires must be non-negative")
+        raise RequestError(Reject.ACCESS_DENIED, "X-Amz-Expires must be non-negative")
     if expires == 0:
-        raise RequestError(error, "X-Amz-Expires must be at least 1 second")
+        raise RequestError(Reject.ACCESS_DENIED, "X-Amz-Expires must be at least 1 second")
     if expires > MAX_PRESIGNED_EXPIRES:
         raise RequestError(
-            error, f"X-Amz-Expires must be less than a week (in seconds) that is {MAX_PRESIGNED_EXPIRES}"
+            Reject.ACCESS_DENIED,
+            f"X-Amz-Expires must be less than a week (in seconds) that is {MAX_PRESIGNED_EXPIRES}",
         )
     return expires

@@ -9,7 +9,7 @@ import hmac
 from dataclasses import dataclass, field
 
 from ..engine import Engine, Reservation
-from ..protocol.asgi import BodyTimeout, Request
+from ..protocol.asgi import BodyTimeout, Request, ascii_int
 from ..protocol.auth import AuthContext
 from ..protocol.chunked import AwsChunkedDecoder
 from ..protocol.payload import PayloadHash
@@ -35,10 +35,10 @@ def declared_length(req: Request, auth: AuthContext, max_size: int) -> int:
     raw = req.headers.get(name)
     if raw is None:
         raise S3Error("MissingContentLength", f"You must provide the {name} HTTP header.")
-    if not raw.strip().isdigit():
+    length = ascii_int(raw)
+    if length is None:
         raise S3Error("InvalidArgument", f"{name} must be a non-negative integer",
                       extra={"ArgumentName": name, "ArgumentValue": raw})
-    length = int(raw)
     if length > max_size:
         raise S3Error("EntityTooLarge", extra={"ProposedSize": str(length), "MaxSizeAllowed": str(max_size)})
     return length

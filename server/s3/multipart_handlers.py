@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 
 from ..protocol.shell import Reply
+from ..protocol.asgi import ascii_int
 from .body import read_upload, read_xml
 from .call import Call, xml_response
 from .checksums import ALGORITHMS, Checksum
@@ -17,10 +18,11 @@ from .xml import Node, child_text, document, iso8601, parse
 
 def _part_number(call: Call) -> int:
     raw = call.req.query.get("partNumber", "")
-    if not raw.isdigit():
+    number = ascii_int(raw)
+    if number is None:
         raise S3Error("InvalidArgument", "Part number must be an integer between 1 and 10000, inclusive",
                       extra={"ArgumentName": "partNumber", "ArgumentValue": raw})
-    return int(raw)
+    return number
 
 
 async def create_multipart_upload(call: Call) -> Reply:
@@ -77,10 +79,10 @@ async def complete_multipart_upload(call: Call) -> Reply:
         raise S3Error("MalformedXML")
     parts: list[tuple[int, str]] = []
     for element in root.findall("Part"):
-        number, etag = child_text(element, "PartNumber"), child_text(element, "ETag")
-        if number is None or etag is None or not number.strip().isdigit():
+        number, etag = ascii_int(child_text(element, "PartNumber")), child_text(element, "ETag")
+        if number is None or etag is None:
             raise S3Error("MalformedXML")
-        parts.append((int(number), etag))
+        parts.append((number, etag))
     if not parts:
         raise S3Error("MalformedXML", "You must specify at least one part.")
     if_none_match, if_match = write_conditions(call.req.headers)
@@ -105,11 +107,11 @@ async def abort_multipart_upload(call: Call) -> Reply:
 async def list_parts(call: Call) -> Reply:
     upload_id = call.req.query["uploadId"]
     upload = call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)
-    marker_raw = call.req.query.get("part-number-marker", "0") or "0"
-    max_raw = call.req.query.get("max-parts", "1000") or "1000"
-    if not marker_raw.isdigit() or not max_raw.isdigit():
+    marker = ascii_int(call.req.query.get("part-number-marker", "0") or "0")
+    max_raw = ascii_int(call.req.query.get("max-parts", "1000") or "1000")
+    if marker is None or max_raw is None:
         raise S3Error("InvalidArgument", "part-number-marker and max-parts must be non-negative integers")
-    marker, max_parts = int(marker_raw), min(int(max_raw), 1000)
+    max_parts = min(max_raw, 1000)
     numbers = sorted(n for n in upload.parts if n > marker)
     page, truncated = numbers[:max_parts], len(numbers) > max_parts
     children: list[Node] = [

@@ -12,7 +12,7 @@ from .errors import S3Error
 SERVICE, BUCKET, OBJECT = "service", "bucket", "object"
 
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-_IP_LIKE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
+_IP_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
 MAX_KEY_BYTES = 1024
 
 
