@@ -18,7 +18,7 @@ from typing import Any
 import xxhash
 
 from . import wire
-from .buffers import Destinations, byte_view
+from .buffers import Destinations, Scatter, Target, byte_view
 from .errors import (
     ConfigurationError,
     ContextStoreError,
@@ -59,7 +59,7 @@ class RestoreResult:
 
     n_blocks: int
     n_tokens: int
-    blocks: list[memoryview] = field(default_factory=list)
+    blocks: list[Target] = field(default_factory=list)  # a Scatter where ``out`` scattered that block
 
 
 @dataclass
@@ -70,7 +70,8 @@ class SaveResult:
 
 
 class GetReader:
-    """Reads a bulk ``get`` response: head first, then each payload straight into its destination."""
+    """Reads a bulk ``get`` response: head first, then each payload straight into its destination (one view,
+    or the pieces of a :class:`~ctxstore.buffers.Scatter` in turn)."""
 
     _DISCARD = memoryview(bytearray(256 << 10))
 
@@ -82,11 +83,15 @@ class GetReader:
         self._head: bytearray | None = None
         self._pos = 0
         self.meta: wire.GetResponse | None = None
-        self.views: list[memoryview | None] = []  # per key of this call: where its payload went
-        self._queue: list[tuple[memoryview | None, int, int]] = []  # (target or None, size, key index)
+        self.views: list[Target | None] = []  # per key of this call: where its payload went
+        self._queue: list[tuple[Target | None, int, int]] = []  # (target or None, size, key index)
         self._q = 0
-        # Per key: did its payload verify? Checked the moment a block lands, while it is still in cache
-        # (hashing afterwards, once 128 MiB went by, cost twice as much CPU).
+        # A Scatter target: the piece being filled, where it starts in the block, the running digest.
+        self._piece = 0
+        self._piece_start = 0
+        self._hasher = xxhash.xxh3_64()
+        # Per key: did its payload verify? Checked the moment a block (or a piece) lands, while it is still in
+        # cache (hashing afterwards, once 128 MiB went by, cost twice as much CPU).
         self.verified: list[bool] = []
 
     def get_buffer(self) -> memoryview:
@@ -97,6 +102,8 @@ class GetReader:
         target, size, _ = self._queue[self._q]
         if target is None:
             return self._DISCARD[:min(size - self._pos, len(self._DISCARD))]
+        if isinstance(target, Scatter):
+            return target.pieces[self._piece][self._pos - self._piece_start:]
         return target[self._pos:]
 
     def written(self, n: int) -> None:
@@ -115,13 +122,28 @@ class GetReader:
                 self._plan()
             return
         target, size, j = self._queue[self._q]
+        if isinstance(target, Scatter):
+            piece = target.pieces[self._piece]
+            if self._pos - self._piece_start == len(piece):
+                self._hasher.update(piece)
+                self._piece += 1
+                self._piece_start = self._pos
         if self._pos == size:
             if target is not None:
-                assert self.meta is not None
-                self.verified[j] = xxhash.xxh3_64_intdigest(target) == self.meta.xxh3[j]
+                self._verify(target, j)
             self._q += 1
             self._pos = 0
             self._skip_empty()
+
+    def _verify(self, target: Target, j: int) -> None:
+        assert self.meta is not None
+        if isinstance(target, Scatter):
+            digest = self._hasher.intdigest()
+            self._hasher.reset()
+            self._piece = self._piece_start = 0
+        else:
+            digest = xxhash.xxh3_64_intdigest(target)
+        self.verified[j] = digest == self.meta.xxh3[j]
 
     def _plan(self) -> None:
         assert self.meta is not None
@@ -140,8 +162,7 @@ class GetReader:
         while self._q < len(self._queue) and self._queue[self._q][1] == 0:
             target, _, j = self._queue[self._q]
             if target is not None:
-                assert self.meta is not None
-                self.verified[j] = xxhash.xxh3_64_intdigest(target) == self.meta.xxh3[j]
+                self._verify(target, j)
             self._q += 1
 
 
@@ -295,9 +316,9 @@ class AsyncContextStore:
         return sizes
 
     async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
-                       pin: float = 0.0) -> list[memoryview | None]:
+                       pin: float = 0.0) -> list[Target | None]:
         """Fetch blocks into their destinations; None where missing, failed or corrupt."""
-        views: list[memoryview | None] = [None] * len(keys)
+        views: list[Target | None] = [None] * len(keys)
 
         async def one(node: Node, idx: list[int]) -> None:
             reader = GetReader(len(idx), destinations, idx)
@@ -467,7 +488,7 @@ class AsyncNamespace:
         keys = self.block_hashes(tokens)
         destinations = Destinations(out, len(keys))
         views = await self.store.get_keys(self.bucket, keys, destinations, pin=pin)
-        blocks: list[memoryview] = []
+        blocks: list[Target] = []
         for view in views:
             if view is None:
                 break

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from .buffers import Destinations
+from .buffers import Destinations, Target
 from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult
 
 T = TypeVar("T")
@@ -73,7 +73,7 @@ class ContextStore:
         return self._loop.run(self._async.lookup_keys(bucket, keys))
 
     def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
-                 pin: float = 0.0) -> list[memoryview | None]:
+                 pin: float = 0.0) -> list[Target | None]:
         return self._loop.run(self._async.get_keys(bucket, keys, destinations, pin=pin))
 
     def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
