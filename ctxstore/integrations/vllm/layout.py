@@ -25,10 +25,8 @@ __all__ = ["PagedLayout", "contiguous_pieces"]
 
 def contiguous_pieces(t: torch.Tensor) -> list[torch.Tensor]:
     """``t`` as the fewest contiguous tensors whose bytes, in order, are ``t``'s elements in row-major order."""
-    if t.is_contiguous():
+    if t.is_contiguous():  # a 0-d tensor always is
         return [t]
-    if t.dim() <= 1:
-        raise ValueError("a strided one-dimensional block cannot be cut into contiguous pieces")
     return [piece for sub in t.unbind(0) for piece in contiguous_pieces(sub)]
 
 
