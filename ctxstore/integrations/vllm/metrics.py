@@ -58,7 +58,7 @@ class CtxStoreConnectorStats(KVConnectorStats):
     """One interval's counters; aggregation sums them."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data = dict[str, Any]()
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         merged = dict(self.data)
