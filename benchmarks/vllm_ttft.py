@@ -16,7 +16,7 @@ and one with it. Each round takes a fresh random prompt of ``--prompt-tokens`` t
 2. connector: the prompt alone (a miss: full prefill plus the saves) → "cold", then wait until the pod holds
    every full block of it;
 3. connector: prompt + tail → the restored TTFT: lookup, load of the prefix blocks into the paged cache, prefill
-   of the last block's tokens and the tail. The connector's own ``load_seconds`` counter gives the restore's
+   of the last block's tokens and the tail. The connector's own ``load_ms`` counter gives the restore's
    share.
 
 TTFT is the wall time of ``LLM.generate`` for one request with ``max_tokens=1`` in the driver process (what a
@@ -174,7 +174,7 @@ def ttft(args: argparse.Namespace) -> None:
             before = cold["metrics"]
             hot = conn.generate(request)
             loaded = hot["metrics"].get("ctxstore_hit_tokens", 0) - before.get("ctxstore_hit_tokens", 0)
-            load_s = hot["metrics"].get("ctxstore_load_seconds", 0) - before.get("ctxstore_load_seconds", 0)
+            load_s = (hot["metrics"].get("ctxstore_load_ms", 0) - before.get("ctxstore_load_ms", 0)) / 1e3
             rows.append({"full": full["wall_s"], "full_vllm": full["ttft_s"] or 0, "cold": cold["wall_s"],
                          "restored": hot["wall_s"], "restored_vllm": hot["ttft_s"] or 0, "load": load_s,
                          "loaded_tokens": loaded, "same_token": float(hot["tokens"] == full["tokens"])})
@@ -193,7 +193,7 @@ def ttft(args: argparse.Namespace) -> None:
           f"{blocks} blocks of {block_mib:.1f} MiB restored per round; load average at the end {load1:.1f}")
     print("\n| TTFT | median ms | p99 ms |\n|---|---:|---:|")
     for name, key in (("full prefill (no connector)", "full"), ("restored from ctxstore", "restored"),
-                      ("  of which the load (connector's load_seconds)", "load"),
+                      ("  of which the load (connector's load_ms)", "load"),
                       ("cold, with the connector (miss + saves)", "cold")):
         values = [row[key] for row in rows]
         print(f"| {name} | {statistics.median(values) * 1e3:.0f} | {pctl(values, 0.99) * 1e3:.0f} |")

@@ -296,13 +296,14 @@ class AsyncContextStore:
         n = self.limits.keys_per_call
         return [indices[i:i + n] for i in range(0, len(indices), n)]
 
-    async def lookup_keys(self, bucket: str, keys: Sequence[str]) -> list[int]:
-        """Size of each key's block (``wire.ABSENT`` where missing or its node failed)."""
+    async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
+        """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
+        present block from eviction for that many seconds (a restore is about to follow)."""
         sizes = [wire.ABSENT] * len(keys)
 
         async def one(node: Node, idx: list[int]) -> None:
             try:
-                head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx]))
+                head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
                 response = await self._call(node, bucket, "lookup", head, ())
                 parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
                 result = wire.decode_lookup_response(parsed, len(idx))

@@ -69,8 +69,8 @@ class ContextStore:
     def create_bucket(self, bucket: str) -> None:
         self._loop.run(self._async.create_bucket(bucket))
 
-    def lookup_keys(self, bucket: str, keys: Sequence[str]) -> list[int]:
-        return self._loop.run(self._async.lookup_keys(bucket, keys))
+    def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
+        return self._loop.run(self._async.lookup_keys(bucket, keys, pin=pin))
 
     def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                  pin: float = 0.0) -> list[Target | None]:

@@ -97,13 +97,11 @@ class CtxStoreRemoteConnector(RemoteConnector):
         return self._sync(self.exists(key), False)
 
     async def _prefix(self, keys: list[Any], pin: bool) -> int:
-        names = [k.to_string() for k in keys]
-        sizes = await self.store.lookup_keys(self.bucket, names)
-        n = prefix_length([s if self._usable(s) else ABSENT for s in sizes])
-        if pin and n:
-            # Keep the matched chunks from eviction while the retrieve that follows is in flight.
-            await self.store.keys_op(self.bucket, "pin", names[:n], seconds=self.pin_seconds)
-        return n
+        # With a pin, the matched chunks stay in the pod while the retrieve that follows is in flight: one
+        # round trip per node either way (the node pins as it looks up).
+        sizes = await self.store.lookup_keys(self.bucket, [k.to_string() for k in keys],
+                                             pin=self.pin_seconds if pin else 0.0)
+        return prefix_length([s if self._usable(s) else ABSENT for s in sizes])
 
     def support_batched_contains(self) -> bool:
         return True

@@ -291,7 +291,7 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
             sizes = []
             self.stats.add("lookup_errors")
         lookup.prefix = _common_prefix(sizes, lookup.n_blocks, self.keyspace.block_bytes)
-        self.stats.add("lookup_seconds", time.monotonic() - lookup.started)
+        self.stats.add("lookup_ms", (time.monotonic() - lookup.started) * 1e3)
         return lookup.prefix
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -411,7 +411,7 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         loaded = len(block_ids) - len(failed)
         self.stats.add("loaded_blocks", loaded)
         self.stats.add("loaded_bytes", loaded * self.layout.block_bytes)
-        self.stats.add("load_seconds", time.monotonic() - started)
+        self.stats.add("load_ms", (time.monotonic() - started) * 1e3)
         if failed:
             log.info("ctxstore: %d of %d blocks did not load: vLLM recomputes them", len(failed), len(block_ids))
             self._fail_loads(failed)
@@ -470,7 +470,7 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
             except BaseException as exc:  # noqa: BLE001
                 log.warning("ctxstore: save failed: %s", exc)
                 self.stats.add("save_errors", len(keys))
-            self.stats.add("save_seconds", time.monotonic() - started)
+            self.stats.add("save_ms", (time.monotonic() - started) * 1e3)
             with self._lock:
                 self._pending_bytes -= size
                 self._pending_saves[transfer.req_id] -= 1

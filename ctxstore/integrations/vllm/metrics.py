@@ -1,9 +1,9 @@
 """The connector's counters: vLLM's per-interval stats (``KV Transfer metrics: ...`` in its log) and Prometheus.
 
-Counters (summed over the scheduler and every worker): ``lookups``, ``lookup_errors``, ``lookup_seconds``,
+Counters (summed over the scheduler and every worker): ``lookups``, ``lookup_errors``, ``lookup_ms``,
 ``hit_tokens`` (tokens vLLM took from ctxstore instead of computing), ``loaded_blocks``, ``loaded_bytes``,
-``load_errors`` (blocks vLLM recomputed), ``load_seconds``, ``saved_blocks``, ``saved_bytes``, ``save_existing``
-(already in ctxstore), ``save_errors``, ``save_dropped`` (staging budget full), ``save_seconds``.
+``load_errors`` (blocks vLLM recomputed), ``load_ms``, ``saved_blocks``, ``saved_bytes``, ``save_existing``
+(already in ctxstore), ``save_errors``, ``save_dropped`` (staging budget full), ``save_ms``.
 """
 
 from __future__ import annotations
@@ -17,22 +17,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
 __all__ = ["COUNTERS", "CtxStoreConnectorStats", "CtxStorePromMetrics", "StatsCounter"]
 
-#: name -> Prometheus help text; the ``*_seconds`` ones are float sums.
+#: name -> Prometheus help text. Times are milliseconds (float sums): vLLM's offline metrics reader rounds
+#: counters to integers, which would turn seconds into zeros.
 COUNTERS: dict[str, str] = {
     "lookups": "Bulk lookups started (one per request, one call per node).",
     "lookup_errors": "Lookups that failed or timed out (their blocks counted as misses).",
-    "lookup_seconds": "Time from a lookup's start to its answer being used.",
+    "lookup_ms": "Milliseconds from a lookup's start to its answer being used.",
     "hit_tokens": "Prompt tokens loaded from ctxstore instead of computed.",
     "loaded_blocks": "Blocks restored into the paged KV cache.",
     "loaded_bytes": "Bytes restored into the paged KV cache.",
     "load_errors": "Blocks that did not load (vLLM recomputed them).",
-    "load_seconds": "Time spent in loads (the step waits for them).",
+    "load_ms": "Milliseconds spent in loads (the step waits for them).",
     "saved_blocks": "Blocks stored in ctxstore.",
     "saved_bytes": "Bytes stored in ctxstore.",
     "save_existing": "Blocks already in ctxstore when saved.",
     "save_errors": "Blocks whose save failed.",
     "save_dropped": "Blocks not saved because the staging budget was full.",
-    "save_seconds": "Time saves spent in flight (in the background).",
+    "save_ms": "Milliseconds saves spent in flight (in the background).",
 }
 
 
@@ -67,7 +68,7 @@ class CtxStoreConnectorStats(KVConnectorStats):
         return CtxStoreConnectorStats(data=merged)
 
     def reduce(self) -> dict[str, int | float]:
-        out: dict[str, int | float] = {k: (round(v, 4) if k.endswith("_seconds") else int(v))
+        out: dict[str, int | float] = {k: (round(v, 3) if k.endswith("_ms") else int(v))
                                        for k, v in sorted(self.data.items())}
         return out
 
