@@ -78,8 +78,9 @@ def serve(args: argparse.Namespace) -> None:
     if args.connector is not None:
         kwargs["kv_transfer_config"] = KVTransferConfig(
             kv_connector="CtxStoreConnector", kv_connector_module_path="ctxstore.integrations.vllm",
-            kv_role="kv_both", kv_load_failure_policy="recompute",
-            kv_connector_extra_config=json.loads(args.connector))
+            kv_role="kv_both", kv_connector_extra_config=json.loads(args.connector))
+        # kv_load_failure_policy is left at vLLM's default ("fail"): the connector switches it to "recompute",
+        # and the test's fault cases would fail their requests if it did not.
     started = time.monotonic()
     llm = LLM(model=args.dir, tokenizer=args.dir, dtype=args.dtype, max_model_len=args.max_model_len,
               max_num_batched_tokens=args.max_batched_tokens, enable_prefix_caching=False, enforce_eager=True,
