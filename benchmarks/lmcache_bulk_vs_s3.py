@@ -11,7 +11,9 @@ each) stored once through each backend by LMCache itself (tests/integrations/lmc
 Then, alternately per backend for ``--repeats`` processes each, a fresh LMCache engine runs ``--rounds``
 retrieves (``bench``): drop LMCache's local CPU copy, ``lookup`` (with pin) and ``retrieve`` of the whole prompt
 into a zero tensor; every round is checked to get every token, and the last one to be bit-exact. Reported:
-median and p99 (nearest rank) of lookup+retrieve, and of the lookup alone, and the ratio of medians.
+median and p99 (nearest rank) of lookup+retrieve, and of the lookup alone, and the ratio of medians; and, as
+the floor under both, the same chunks fetched by the ctxstore client alone (one bulk get into one buffer).
+``--chunk-tokens 64`` gives 4 MiB chunks (4x as many objects for the same bytes).
 
 The machine is a shared 2-vCPU VM (other work runs on it); the output's first line records the load average.
 """
@@ -33,13 +35,32 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.nodes import ACCESS_KEY, SECRET_KEY, make_client, start_node  # noqa: E402
 
 WORKER = ROOT / "tests" / "integrations" / "lmcache_bulk_worker.py"
-CHUNK, LAYERS, HEADS, HEAD = 256, 8, 8, 128
+LAYERS, HEADS, HEAD = 8, 8, 128
+CHUNK = 256  # tokens per LMCache chunk (--chunk-tokens)
 DOMAIN = "localhost"
 
 
 def pctl(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+
+
+def raw_restore(port: int, bucket: str, keys: list[str], nbytes: int, rounds: int) -> list[float]:
+    """The same chunks fetched by the ctxstore client alone into one buffer: the floor under LMCache's retrieve."""
+    import time
+
+    from ctxstore import ContextStore
+    from ctxstore.buffers import Destinations
+
+    out = bytearray(nbytes)
+    times = []
+    with ContextStore(f"127.0.0.1:{port}", access_key=ACCESS_KEY, secret_key=SECRET_KEY) as store:
+        for _ in range(rounds + 1):
+            t0 = time.perf_counter()
+            views = store.get_keys(bucket, keys, Destinations(out, len(keys)))
+            times.append(time.perf_counter() - t0)
+            assert all(v is not None for v in views)
+    return times[1:]
 
 
 def configs(port: int, s3_bucket: str, bulk_bucket: str, cpu_gb: float) -> dict[str, str]:
@@ -77,11 +98,14 @@ def worker(mode: str, config: Path, data: Path, hosts: list[str], rounds: int, l
 
 
 def main() -> None:
+    global CHUNK
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--chunks", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--chunk-tokens", type=int, default=CHUNK)
     args = parser.parse_args()
+    CHUNK = args.chunk_tokens
     import torch
 
     tmp = Path(tempfile.mkdtemp(prefix="lmcache-bench-"))
@@ -115,6 +139,10 @@ def main() -> None:
                 assert rep["exact"], name
                 for key in ("total_s", "lookup_s"):
                     results[name][key] += rep[key][1:]  # the first round of a process warms its connections
+        s3 = make_client(node.endpoint)
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="lmc-bulk")["Contents"]]
+        s3.close()
+        raw = raw_restore(node.port, "lmc-bulk", keys, len(keys) * chunk_bytes, args.rounds * args.repeats)
     finally:
         node.stop()
     mib = args.chunks * chunk_bytes / 2**20
@@ -128,6 +156,9 @@ def main() -> None:
         med = statistics.median(tot)
         print(f"| {label} | {med * 1e3:.1f} | {pctl(tot, 0.99) * 1e3:.1f} | {mib * 2**20 / med / 1e9:.2f} | "
               f"{statistics.median(results[name]['lookup_s']) * 1e3:.1f} |")
+    med = statistics.median(raw)
+    print(f"| (ctxstore client alone: bulk get of the same chunks into one buffer) | {med * 1e3:.1f} | "
+          f"{pctl(raw, 0.99) * 1e3:.1f} | {mib * 2**20 / med / 1e9:.2f} | |")
     speed = statistics.median(results["s3"]["total_s"]) / statistics.median(results["bulk"]["total_s"])
     print(f"\nbulk backend speed-up over S3 (ratio of medians): {speed:.2f}x")
 

@@ -207,6 +207,7 @@ def ttft(args: argparse.Namespace) -> None:
           f"{sorted({int(r['loaded_tokens']) for r in rows})}; same first token in "
           f"{int(sum(r['same_token'] for r in rows))}/{len(rows)} rounds")
     if args.plot:
+        Path(args.plot).with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
         plot(rows, args.plot)
 
 
@@ -219,8 +220,9 @@ def plot(rows: list[dict[str, float]], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.2))
     labels = ["full prefill", "restored", "restored: load"]
     data = [[r["full"] * 1e3 for r in rows], [r["restored"] * 1e3 for r in rows], [r["load"] * 1e3 for r in rows]]
-    ax.boxplot(data, labels=labels, vert=False)
-    ax.set_xlabel("ms (time to first token)")
+    ax.boxplot(data, tick_labels=labels, orientation="horizontal")
+    ax.set_xscale("log")
+    ax.set_xlabel("ms, log scale (5 rounds; the load is part of the restored TTFT)")
     ax.set_title("vLLM-CPU TTFT, 4k-token prompt: ctxstore restore vs prefill")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -304,7 +306,8 @@ def main() -> None:
     t.add_argument("--prompt-tokens", type=int, default=4096)
     t.add_argument("--layers", type=int, default=8)
     t.add_argument("--hidden", type=int, default=1024)
-    t.add_argument("--plot", default=str(ROOT / "docs" / "img" / "vllm_ttft.png"))
+    t.add_argument("--plot", default=str(ROOT / "docs" / "img" / "vllm_ttft.png"),
+                   help="PNG of the rounds (their figures go next to it as .json); '' for none")
     o = sub.add_parser("objects")
     o.add_argument("--runs", type=int, default=15)
     o.add_argument("--blocks", type=int, default=16)

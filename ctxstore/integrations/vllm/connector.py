@@ -256,7 +256,11 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         state = _RequestState(request)
         self._requests[request.request_id] = state
         if self.enabled and self.config.load:
-            state.lookup = self._start_lookup(request)
+            try:
+                state.lookup = self._start_lookup(request)
+            except Exception as exc:  # noqa: BLE001  (nothing from the data path reaches the scheduler)
+                log.warning("ctxstore: lookup not started: %s", exc)
+                state.lookup = _Lookup(None, 0, time.monotonic(), prefix=0)
 
     def _start_lookup(self, request: Request) -> _Lookup:
         # The last prompt token is always computed by vLLM itself, so a block holding it is never loaded.
@@ -295,6 +299,13 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return lookup.prefix
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        try:
+            return self._matched_tokens(request, num_computed_tokens)
+        except Exception as exc:  # noqa: BLE001  (a miss, never an error in the scheduler)
+            log.warning("ctxstore: lookup answer failed: %s", exc)
+            return 0, False
+
+    def _matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._requests.get(request.request_id)
         if state is None:  # not seen at enqueue (should not happen): look up now
             state = self._requests[request.request_id] = _RequestState(request)
@@ -313,6 +324,17 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         state = self._requests.get(request.request_id)
         if state is None or num_external_tokens <= 0:
             return
+        try:
+            self._plan_load(request, state, blocks, num_external_tokens)
+        except Exception as exc:  # noqa: BLE001
+            # vLLM now counts those tokens as computed: the blocks must come back as load errors (recomputed).
+            log.warning("ctxstore: load not planned: %s", exc)
+            first = state.local_tokens // self.block_size
+            last = (state.local_tokens + num_external_tokens) // self.block_size
+            self._loads.append(_Transfer(request.request_id, list(blocks.get_block_ids()[0][first:last]), [], None))
+
+    def _plan_load(self, request: Request, state: _RequestState, blocks: KVCacheBlocks,
+                   num_external_tokens: int) -> None:
         first = state.local_tokens // self.block_size
         last = (state.local_tokens + num_external_tokens) // self.block_size
         block_ids = blocks.get_block_ids()[0]
@@ -329,7 +351,12 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
             cached = scheduler_output.scheduled_cached_reqs
             computed.update(zip(cached.req_ids, cached.num_computed_tokens))
             for req_id, n_computed in computed.items():
-                transfer = self._new_full_blocks(req_id, n_computed + scheduler_output.num_scheduled_tokens[req_id])
+                try:
+                    transfer = self._new_full_blocks(
+                        req_id, n_computed + scheduler_output.num_scheduled_tokens.get(req_id, 0))
+                except Exception as exc:  # noqa: BLE001  (a save not made is a future miss)
+                    log.warning("ctxstore: save not planned: %s", exc)
+                    continue
                 if transfer is not None:
                     meta.saves.append(transfer)
         return meta
@@ -392,13 +419,19 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if not isinstance(meta, CtxStoreConnectorMetadata) or not meta.loads:
             return
-        block_ids = [b for t in meta.loads for b in t.block_ids]
+        unplanned = [b for t in meta.loads if len(t.block_hashes) != len(t.block_ids) for b in t.block_ids]
+        if unplanned:
+            self._fail_loads(unplanned)
+        loads = [t for t in meta.loads if len(t.block_hashes) == len(t.block_ids)]
+        block_ids = [b for t in loads for b in t.block_ids]
+        if not block_ids:
+            return
         if self.layout is None:
             self._fail_loads(block_ids)
             return
         started = time.monotonic()
         try:
-            keys = [k for t in meta.loads for k in self.keyspace.keys(
+            keys = [k for t in loads for k in self.keyspace.keys(
                 t.block_hashes, tp_rank=self._tp_rank, pp_rank=self._pp_rank, cache_salt=t.cache_salt)]
             pieces = [Scatter(self.layout.block_pieces(b)) for b in block_ids]
             views = self.client.run(self.client.store.get_keys(self.config.bucket, keys,
