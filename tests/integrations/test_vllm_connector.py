@@ -42,6 +42,8 @@ def _vllm_python() -> str | None:
     configured = os.environ.get("CTXSTORE_VLLM_PYTHON")
     if configured:
         return configured
+    if os.environ.get("CTXSTORE_VLLM_UNAVAILABLE"):  # scripts/test tried and failed: say so, do not guess
+        return None
     beside = Path(sys.prefix + "-vllm") / "bin" / "python"  # scripts/_venv.sh's default place
     return str(beside) if beside.exists() else None
 
