@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from . import wire
-from .buffers import Destinations, byte_view
+from .buffers import Destinations, Scatter, Target, byte_view
 from .errors import (
     ConfigurationError,
     ContextStoreError,
@@ -63,7 +63,7 @@ class RestoreResult:
 
     n_blocks: int
     n_tokens: int
-    blocks: list[memoryview] = field(default_factory=list, repr=False)
+    blocks: list[Target] = field(default_factory=list, repr=False)  # a Scatter where ``out`` scattered a block
 
     @property
     def nbytes(self) -> int:
@@ -233,12 +233,13 @@ class AsyncContextStore:
             self._degrade(_as_client_error(node, exc))
             return None
 
-    async def lookup_keys(self, bucket: str, keys: Sequence[str]) -> list[int]:
-        """Size of each key's block (``wire.ABSENT`` where missing or its node failed)."""
+    async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
+        """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
+        present block from eviction for that many seconds (a restore is about to follow)."""
         sizes = [wire.ABSENT] * len(keys)
 
         async def one(node: Node, idx: list[int]) -> None:
-            head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx]))
+            head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
             result = await self._exchange(node, bucket, "lookup", head,
                                           lambda r: wire.decode_lookup_response(_head(r), len(idx)))
             if result is not None:
@@ -249,9 +250,9 @@ class AsyncContextStore:
         return sizes
 
     async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
-                       pin: float = 0.0) -> list[memoryview | None]:
+                       pin: float = 0.0) -> list[Target | None]:
         """Fetch blocks into their destinations; None where missing, failed or corrupt."""
-        views: list[memoryview | None] = [None] * len(keys)
+        views: list[Target | None] = [None] * len(keys)
 
         async def one(node: Node, idx: list[int]) -> None:
             reader = GetReader(len(idx), destinations, idx)
@@ -407,7 +408,7 @@ class AsyncNamespace:
         keys = self.block_hashes(tokens)
         destinations = Destinations(out, len(keys))
         views = await self.store.get_keys(self.bucket, keys, destinations, pin=pin)
-        blocks: list[memoryview] = []
+        blocks: list[Target] = []
         for view in views:
             if view is None:
                 break

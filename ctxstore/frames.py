@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import xxhash
 
 from . import wire
-from .buffers import Destinations
+from .buffers import Destinations, Scatter, Target
 from .errors import ProtocolError
 
 
@@ -19,7 +19,8 @@ MAX_BLOCK_BYTES = 1 << 30  # a get answer announcing a bigger block is malformed
 
 
 class GetReader:
-    """Reads a bulk ``get`` response: head first, then each payload straight into its destination.
+    """Reads a bulk ``get`` response: head first, then each payload straight into its destination (one view,
+    or the pieces of a :class:`~ctxstore.buffers.Scatter` in turn).
 
     Whatever bytes arrive, it either places them or raises a :class:`~ctxstore.errors.ProtocolError` (the
     transport then fails the call: a miss), and it never allocates more than the blocks that really arrive:
@@ -39,10 +40,14 @@ class GetReader:
         self._head: bytearray | None = None
         self._pos = 0
         self.meta: wire.GetResponse | None = None
-        self.views: list[memoryview | None] = [None] * n_keys  # per key of this call: where its payload went
+        self.views: list[Target | None] = [None] * n_keys  # per key of this call: where its payload went
         self._queue: list[int] = []  # key indices with a payload, in answer order
         self._q = 0
-        self._target: memoryview | None = None  # where the current payload goes (None: discarded)
+        self._target: Target | None = None  # where the current payload goes (None: discarded)
+        # A Scatter target: the piece being filled, where it starts in the block, the running digest.
+        self._piece = 0
+        self._piece_start = 0
+        self._hasher = xxhash.xxh3_64()
         # Per key: did its payload verify? Checked the moment a block lands, while it is still in cache
         # (hashing afterwards, once 128 MiB went by, cost twice as much CPU).
         self.verified: list[bool] = [False] * n_keys
@@ -72,6 +77,8 @@ class GetReader:
         size = self.meta.sizes[self._queue[self._q]]
         if self._target is None:
             return self._DISCARD[:min(size - self._pos, len(self._DISCARD))]
+        if isinstance(self._target, Scatter):
+            return self._target.pieces[self._piece][self._pos - self._piece_start:]
         return self._target[self._pos:]
 
     def written(self, n: int) -> None:
@@ -89,6 +96,13 @@ class GetReader:
                 self._plan(wire.decode_get_head(head, self._n_keys), 4 + len(self._head))
             return
         j = self._queue[self._q]
+        target = self._target
+        if isinstance(target, Scatter):
+            piece = target.pieces[self._piece]
+            if self._pos - self._piece_start == len(piece):  # a piece is full: hash it while it is in cache
+                self._hasher.update(piece)
+                self._piece += 1
+                self._piece_start = self._pos
         if self._pos == self.meta.sizes[j]:
             self._landed(j)
 
@@ -108,7 +122,8 @@ class GetReader:
         meta = self.meta
         if meta is None:
             return
-        self._pos = 0
+        self._pos = self._piece = self._piece_start = 0
+        self._hasher.reset()
         while self._q < len(self._queue):
             j = self._queue[self._q]
             size = meta.sizes[j]
@@ -125,7 +140,9 @@ class GetReader:
             self._next()
 
     def _record(self, j: int, meta: wire.GetResponse) -> None:
-        if self._target is not None:
-            self.views[j] = self._target
-            self.verified[j] = xxhash.xxh3_64_intdigest(self._target) == meta.xxh3[j]
+        target = self._target
+        if target is not None:
+            self.views[j] = target
+            digest = self._hasher.intdigest() if isinstance(target, Scatter) else xxhash.xxh3_64_intdigest(target)
+            self.verified[j] = digest == meta.xxh3[j]
         self._q += 1

@@ -271,12 +271,25 @@ def test_touch_pin_unpin_delete_counts(ns: Namespace) -> None:
     assert ns.unpin(tokens) == 5
     with pytest.raises(ConfigurationError):
         ns.pin(tokens, 0)
+
     assert ns.delete(tokens[:2 * BS]) == 2
     assert ns.lookup(tokens) == 0  # the chain now starts with a hole
     assert ns.touch(tokens) == 3
     assert ns.delete(tokens) == 3
     assert ns.delete(tokens) == 0
     assert ns.touch([]) == 0
+
+
+def test_lookup_keys_can_pin_what_it_finds(store: ContextStore, ns: Namespace) -> None:
+    # A lookup that a restore follows pins the blocks it finds in the same round trip.
+    tokens = tokens_for(6, seed=10)
+    assert ns.save(tokens, blocks_for(4, seed=10)).stored == 4
+    keys = ns.block_hashes(tokens)
+    assert store.keys_op(ns.bucket, "unpin", keys) == 0  # nothing pinned yet
+    assert wire.prefix_length(store.lookup_keys(ns.bucket, keys)) == 4
+    assert store.keys_op(ns.bucket, "unpin", keys) == 0  # a plain lookup pins nothing
+    assert wire.prefix_length(store.lookup_keys(ns.bucket, keys, pin=30)) == 4
+    assert store.keys_op(ns.bucket, "unpin", keys) == 4
 
 
 def test_park_saves_with_its_ttl(pod: list[Node], ns: Namespace) -> None:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxstore import AsyncContextStore, ConfigurationError, IntegrityError, ProtocolError, errors, wire
-from ctxstore.buffers import Destinations
+from ctxstore.buffers import Destinations, Scatter
 from ctxstore.core import AsyncNamespace
 from ctxstore.frames import GetReader
 from ctxstore.hashing import Fingerprint
@@ -204,7 +204,7 @@ _payload = st.one_of(st.none(), st.binary(min_size=0, max_size=300))
 @settings(max_examples=150, deadline=None)
 @given(payloads=st.lists(_payload, min_size=0, max_size=12),
        splits=st.lists(st.integers(1, 97), max_size=400),
-       mode=st.sampled_from(["alloc", "list", "arena"]))
+       mode=st.sampled_from(["alloc", "list", "arena", "scatter"]))
 def test_get_reader_lands_payloads_whatever_the_splits(payloads: list[bytes | None], splits: list[int],
                                                        mode: str) -> None:
     n = len(payloads)
@@ -213,6 +213,8 @@ def test_get_reader_lands_payloads_whatever_the_splits(payloads: list[bytes | No
         out = [bytearray(300) for _ in range(n)]
     elif mode == "arena":
         out = bytearray(300 * n)
+    elif mode == "scatter":  # each block over pieces of 0, 1, 7 and 292 bytes, in that order
+        out = [[bytearray(0), bytearray(1), memoryview(bytearray(7)), bytearray(292)] for _ in range(n)]
     dest = Destinations(out, n)
     indices = list(range(n))
     reader = GetReader(n, dest, indices)
@@ -224,8 +226,12 @@ def test_get_reader_lands_payloads_whatever_the_splits(payloads: list[bytes | No
         if payload is None:
             assert view is None
             continue
-        assert view is not None and bytes(view) == payload
-        assert xxhash.xxh3_64_intdigest(view) == reader.meta.xxh3[i]
+        assert view is not None and bytes(view) == payload and len(view) == len(payload)
+        assert reader.verified[i] and xxhash.xxh3_64_intdigest(bytes(view)) == reader.meta.xxh3[i]
+        if mode == "scatter":  # the caller's pieces hold the block, in order, and nothing else was touched
+            pieces = out[i]  # type: ignore[index]
+            assert bytes(b"".join(bytes(p) for p in pieces))[:len(payload)] == payload
+            assert not any(b"".join(bytes(p) for p in pieces)[len(payload):])
         if mode == "list":
             assert view.obj is out[i]  # type: ignore[index]  # in the caller's buffer, not a copy
         if mode == "arena":
@@ -254,6 +260,30 @@ def test_get_reader_discards_a_block_its_destination_cannot_hold() -> None:
     assert bytes(out[0]) == b"a" * 10 and bytes(out[2]) == b"c" * 10  # the stream stayed in step
     assert reader.views[1] is None
     assert dest.error is not None and "out[1]" in dest.error
+
+
+def test_get_reader_scatters_a_block_over_pieces_and_verifies_it_whole() -> None:
+    # One object per paged-KV block holding every layer: each layer's piece of the block is its own buffer.
+    layers = [bytearray(4 * 64) for _ in range(3)]
+    pieces = [[memoryview(layer)[b * 64:(b + 1) * 64] for layer in layers] for b in range(4)]
+    payloads: list[bytes | None] = [bytes([b]) * 64 + bytes([b + 10]) * 64 + bytes([b + 20]) * 64 for b in range(4)]
+    payloads[2] = None  # absent: its pieces stay untouched
+    dest = Destinations([Scatter(p) for p in pieces], 4)
+    reader = GetReader(4, dest, range(4))
+    _feed(reader, _get_response(payloads, corrupt=3), [50] * 1000)
+    assert reader.verified[:2] == [True, True] and reader.views[2] is None
+    assert not reader.verified[3]  # the digest covers the whole block, across its pieces
+    for b in (0, 1):
+        view = reader.views[b]
+        assert isinstance(view, Scatter) and len(view) == 192 and bytes(view) == payloads[b]
+        for layer in range(3):
+            assert bytes(layers[layer][b * 64:(b + 1) * 64]) == bytes([b + 10 * layer]) * 64
+    assert not any(layers[0][128:192])
+    # a block bigger than its scatter is refused like any other
+    dest = Destinations([[bytearray(10), bytearray(10)]], 1)
+    reader = GetReader(1, dest, [0])
+    _feed(reader, _get_response([b"z" * 21]), [4] * 100)
+    assert reader.views[0] is None and dest.error is not None and "21" in dest.error
 
 
 def test_destinations_validate_out() -> None:
