@@ -139,6 +139,41 @@ def test_response_override_with_control_characters_is_invalid_argument(s3, raw: 
     assert raw.s3("GET", f"/{bucket}/k").body == b"data"
 
 
+@pytest.mark.parametrize("value", ["%D9%A1", "%E6%97%A5%E6%9C%AC", "%F0%9F%92%A5"])
+def test_response_override_beyond_latin_1_is_not_an_internal_error(s3, raw: RawClient, bucket: str,
+                                                                    value: str) -> None:
+    """Found by the fuzzer, next to #10: a ``response-content-disposition`` that is not Latin-1 (``١``) ends
+    in a UnicodeEncodeError, a traceback and a 500. Either carry it (200) or refuse it (400 InvalidArgument)."""
+    s3.put_object(Bucket=bucket, Key="k", Body=b"data")
+    reply = raw.s3("GET", f"/{bucket}/k?response-content-disposition={value}")
+    assert (reply.status, reply.code) in ((200, None), (400, "InvalidArgument"))
+
+
+@pytest.mark.parametrize("encoding", ["bogus", "utf-99"])
+@pytest.mark.parametrize("operation", ["CreateBucket", "DeleteObjects", "CompleteMultipartUpload"])
+def test_xml_body_declaring_an_unknown_encoding_is_malformed_xml(s3, raw: RawClient, bucket: str, encoding: str,
+                                                                 operation: str) -> None:
+    """Found by the XML fuzzer: ``<?xml version="1.0" encoding="bogus"?>`` makes the parser raise LookupError,
+    answered 500 InternalError with a traceback; it is MalformedXML like any unreadable body."""
+    decl = f'<?xml version="1.0" encoding="{encoding}"?>'
+    if operation == "CreateBucket":
+        target, xml = f"/{bucket}-x", decl + "<CreateBucketConfiguration/>"
+        method = "PUT"
+    elif operation == "DeleteObjects":
+        s3.put_object(Bucket=bucket, Key="keep", Body=b"")
+        target, xml, method = f"/{bucket}?delete", decl + "<Delete><Object><Key>keep</Key></Object></Delete>", "POST"
+    else:
+        uid = upload_id(s3, bucket, "k")
+        etag = s3.upload_part(Bucket=bucket, Key="k", UploadId=uid, PartNumber=1, Body=b"p")["ETag"]
+        xml = decl + f"<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
+        target, method = f"/{bucket}/k?uploadId={uid}", "POST"
+    body = xml.encode()
+    reply = raw.s3(method, target, body, headers={"Content-MD5": base64.b64encode(hashlib.md5(body).digest()).decode()})
+    assert (reply.status, reply.code) == (400, "MalformedXML")
+    if operation == "DeleteObjects":
+        assert s3.head_object(Bucket=bucket, Key="keep")["ContentLength"] == 0
+
+
 def test_response_override_without_control_characters_still_works(s3, raw: RawClient, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="k", Body=b"data")
     reply = raw.s3("GET", f"/{bucket}/k?response-content-type=text%2Fplain%3B%20charset%3Dutf-8")

@@ -210,16 +210,19 @@ class RawClient:
                 self.close()
             return Reply(status, headers, body, closed)
 
-    def exchange(self, method: str, target: str, headers: dict[str, str], body: bytes = b"") -> Reply:
-        """Send one request and read its answer; a stale keep-alive connection is retried once."""
+    def exchange(self, method: str, target: str, headers: dict[str, str], body: bytes = b"", *,
+                 retry: bool = True) -> Reply:
+        """Send one request and read its answer; a stale keep-alive connection is retried once (``retry``:
+        only when the connection had carried requests before)."""
         data = self.head_bytes(method, target, headers) + body
+        fresh = self.sock is None
         for attempt in (0, 1):
             try:
                 self.send_raw(data)
                 return self.read_reply(head_only=method == "HEAD")
             except (ConnectionError, BrokenPipeError, ConnectionResetError):
                 self.close()
-                if attempt:
+                if attempt or fresh or not retry:
                     raise
         raise AssertionError("unreachable")
 
