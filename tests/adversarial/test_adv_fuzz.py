@@ -197,8 +197,8 @@ def s3_case(rng: random.Random, world: S3World, case: int) -> tuple[str, str, di
         ("Content-Encoding", lambda: rng.choice(["gzip", "aws-chunked", "", "deflate, gzip"])),
         ("Cache-Control", lambda: rng.choice(["no-cache", "", "x" * 5000])),
         ("x-amz-copy-source", lambda: rng.choice(
-            ["", f"/{world.bucket}/{next(iter(world.known))}", f"{world.bucket}/{next(iter(world.known))}?versionId=null",
-             "/nobucket/x", "%ZZ", "/" + world.bucket, f"/{world.bucket}/x?versionId=3", "/_ctx/x"])),
+            ["", f"/{world.bucket}/known", f"{world.bucket}/known?versionId=null", "/nobucket/x", "%ZZ",
+             "/" + world.bucket, f"/{world.bucket}/x?versionId=3", "/_ctx/x"])),
         ("x-amz-metadata-directive", lambda: rng.choice(["COPY", "REPLACE", "", "bogus"])),
         ("x-amz-copy-source-if-match", lambda: rng.choice([world.etag, '"x"'])),
         ("x-amz-decoded-content-length", lambda: rng.choice(WEIRD_NUMBERS)),

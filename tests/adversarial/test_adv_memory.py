@@ -84,7 +84,8 @@ def test_bulk_head_full_of_empty_containers_does_not_amplify_memory(amp_node: No
     with RawClient(amp_node.port, timeout=60) as raw:
         reply = raw.bulk("amp", op, body)
     grown = peak_rss(pid) - base
-    assert grown <= amplification_bound(len(body)), f"peak RSS grew {grown / MiB:.0f} MiB for a {len(body) / MiB:.0f} MiB head"
+    assert grown <= amplification_bound(len(body)), (
+        f"peak RSS grew {grown / MiB:.0f} MiB for a {len(body) / MiB:.0f} MiB head")
     assert (reply.status, reply.code) == (400, "MalformedFrame")
     assert alive(amp_node)
 

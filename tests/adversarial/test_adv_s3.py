@@ -72,7 +72,8 @@ def upload_id(s3, bucket: str, key: str) -> str:  # noqa: ANN001
 
 # ---------------------------------------------------------------------------- #9: ASCII digits only
 
-UNICODE_NUMBERS = ["%C2%B2", "%C2%B9", "%D9%A1", "%EF%BC%91", "%E2%91%A0"]  # ² ¹ ١ (Arabic-Indic) １ (fullwidth) ①
+# ² ¹ ١ (Arabic-Indic one) １ (fullwidth one) ①, percent-encoded as UTF-8
+UNICODE_NUMBERS = ["%C2%B2", "%C2%B9", "%D9%A1", "%EF%BC%91", "%E2%91%A0"]
 
 
 @pytest.mark.parametrize("number", UNICODE_NUMBERS)
@@ -165,7 +166,8 @@ def test_xml_body_declaring_an_unknown_encoding_is_malformed_xml(s3, raw: RawCli
     else:
         uid = upload_id(s3, bucket, "k")
         etag = s3.upload_part(Bucket=bucket, Key="k", UploadId=uid, PartNumber=1, Body=b"p")["ETag"]
-        xml = decl + f"<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></CompleteMultipartUpload>"
+        xml = decl + ("<CompleteMultipartUpload><Part><PartNumber>1</PartNumber>"
+                      f"<ETag>{etag}</ETag></Part></CompleteMultipartUpload>")
         target, method = f"/{bucket}/k?uploadId={uid}", "POST"
     body = xml.encode()
     reply = raw.s3(method, target, body, headers={"Content-MD5": base64.b64encode(hashlib.md5(body).digest()).decode()})
