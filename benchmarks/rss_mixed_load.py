@@ -2,8 +2,8 @@
 
 Command (results go in docs/hardening.md, "Memory under load"):
 
-    .venv/bin/python benchmarks/rss_mixed_load.py                 # --memory 256MiB --seconds 40 --clients 6 --rounds 3
-    .venv/bin/python benchmarks/rss_mixed_load.py --plot rss.png  # also a plot (needs matplotlib)
+    .venv/bin/python benchmarks/rss_mixed_load.py                # --memory 256MiB --seconds 120 --clients 12 --rounds 3
+    .venv/bin/python benchmarks/rss_mixed_load.py --plot rss.png # also a plot (needs matplotlib)
 
 Why: operators size pods by RSS, the node accounts by ``--memory``; the two must stay close (SPEC §3: "the
 process's RSS stays close to the budget"). Target: RSS ≤ 1.1 × budget + the fixed base.
@@ -221,8 +221,8 @@ def summary(r: dict[str, object]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory", default="256MiB", help="the node's --memory budget")
-    parser.add_argument("--seconds", type=float, default=40.0, help="load duration per round")
-    parser.add_argument("--clients", type=int, default=6, help="concurrent connections")
+    parser.add_argument("--seconds", type=float, default=120.0, help="load duration per round")
+    parser.add_argument("--clients", type=int, default=12, help="concurrent connections")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--plot", help="write a PNG of RSS and used over time (needs matplotlib)")
     parser.add_argument("--json", help="write every round's figures and samples here")

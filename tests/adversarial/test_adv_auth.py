@@ -32,7 +32,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 
 @pytest.fixture(scope="module")
-def s3(node: Node):  # noqa: ANN201
+def s3(node: Node):
     return make_client(node.endpoint, retries={"mode": "standard", "total_max_attempts": 1})
 
 
@@ -43,14 +43,14 @@ def raw(node: Node) -> Iterator[RawClient]:
 
 
 @pytest.fixture
-def bucket(s3) -> str:  # noqa: ANN001
+def bucket(s3) -> str:
     name = "adv-auth-" + secrets.token_hex(5)
     s3.create_bucket(Bucket=name)
     s3.put_object(Bucket=name, Key="secret", Body=b"the signer's private block")
     return name
 
 
-def absent(s3, bucket: str, key: str) -> bool:  # noqa: ANN001
+def absent(s3, bucket: str, key: str) -> bool:
     try:
         s3.head_object(Bucket=bucket, Key=key)
     except ClientError as exc:
@@ -152,7 +152,7 @@ def test_sigv4_presigned_expires_out_of_range_is_access_denied(raw: RawClient, b
 
 
 def test_expired_presigned_put_is_access_denied(s3, raw: RawClient, bucket: str) -> None:
-    signed_at = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    signed_at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=1)
     target = presign_v4(raw.endpoint, "PUT", f"/{bucket}/late", expires=60, when=signed_at)
     reply = raw.exchange("PUT", target, {"Content-Length": "4"}, b"data")
     assert (reply.status, reply.code) == (403, "AccessDenied")
@@ -161,7 +161,7 @@ def test_expired_presigned_put_is_access_denied(s3, raw: RawClient, bucket: str)
 
 def test_request_signed_twenty_minutes_ago_is_too_skewed(s3, raw: RawClient, bucket: str) -> None:
     target = f"/{bucket}/old"
-    when = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=20)
+    when = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=20)
     headers = signed(raw.endpoint, "PUT", target, payload_hash=UNSIGNED, headers={"Content-Length": "4"},
                      when=when).headers
     reply = raw.exchange("PUT", target, headers, b"data")

@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-from ctxstore import AsyncContextStore, ContextStore, Timeouts, wire
 from support.chaos import Tally, freeze, kill, restart, start_pod, thaw
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node
 from support.probes import wait_until
 from support.soak import SOAK
+
+from ctxstore import AsyncContextStore, ContextStore, Timeouts, wire
 
 BS = 16
 SIZE = 16 << 10

@@ -27,11 +27,12 @@ from pathlib import Path
 import msgpack
 import pytest
 import xxhash
-from ctxstore import ContextStore
 from support.faultproxy import FaultProxy, Message, Rule, extra, flip, garbage, hang, truncate
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node
 from support.probes import alive, start_probed_node
 from support.soak import scaled
+
+from ctxstore import ContextStore
 
 WORKER = Path(__file__).resolve().parent.parent / "support" / "restore_worker.py"
 BS = 16
@@ -81,11 +82,11 @@ def big(node: Node) -> Dataset:
 
 def run_worker(proxy: FaultProxy, data: Dataset, *, repeat: int, loop: str = "default", strict: bool = False,
                out: str = "slots") -> dict[str, object]:
-    config = dict(nodes=[proxy.address], access_key=ACCESS_KEY, secret_key=SECRET_KEY, bucket=data.bucket,
-                  model="m", block_size=BS, tokens=data.tokens, expected=data.expected, repeat=repeat,
-                  strict=strict, out=out, slot=len(data.blocks[0]), loop=loop, timeouts=list(TIMEOUTS))
+    config = {"nodes": [proxy.address], "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "bucket": data.bucket,
+              "model": "m", "block_size": BS, "tokens": data.tokens, "expected": data.expected, "repeat": repeat,
+              "strict": strict, "out": out, "slot": len(data.blocks[0]), "loop": loop, "timeouts": list(TIMEOUTS)}
     proc = subprocess.run([sys.executable, str(WORKER), json.dumps(config)], capture_output=True, text=True,
-                          timeout=120 + repeat * (TIMEOUTS[2] + 1))
+                          timeout=120 + repeat * (TIMEOUTS[2] + 1), check=False)
     assert proc.returncode == 0, f"the worker died with status {proc.returncode}:\n{proc.stderr[-3000:]}"
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["loop"] == ("asyncio" if loop == "asyncio" else "uvloop")

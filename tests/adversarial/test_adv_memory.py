@@ -20,7 +20,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgpack
 import pytest
@@ -164,7 +164,8 @@ def drained_before_the_end(sock: socket.socket, total: int, deadline: float) -> 
     return False
 
 
-def stall_case(node: Node, bucket: str, request_for: callable, total_for: callable) -> None:  # type: ignore[valid-type]
+def stall_case(node: Node, bucket: str, request_for: Callable[[RawClient], bytes],
+               total_for: Callable[[], int]) -> None:
     """Write VERSIONS versions of one key; after each write a reader starts on it and stalls. Then check the
     budget covers what the stalled answers hold, and that the node closes them after the body timeout."""
     admin = Admin(node)

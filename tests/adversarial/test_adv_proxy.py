@@ -128,9 +128,8 @@ def test_request_direction_faults_reach_the_node(node: Node) -> None:
     data = os.urandom(10_000)
     md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
     rule = flip("body", offset=10, direction="request", path="/proxy/up")
-    with FaultProxy(("127.0.0.1", node.port), [rule]) as proxy:
-        with RawClient(proxy.port) as raw:
-            reply = raw.s3("PUT", "/proxy/up", data, headers={"Content-MD5": md5}, payload_hash="UNSIGNED-PAYLOAD")
+    with FaultProxy(("127.0.0.1", node.port), [rule]) as proxy, RawClient(proxy.port) as raw:
+        reply = raw.s3("PUT", "/proxy/up", data, headers={"Content-MD5": md5}, payload_hash="UNSIGNED-PAYLOAD")
     assert (reply.status, reply.code) == (400, "BadDigest")
     with RawClient(node.port) as raw:
         assert raw.s3("HEAD", "/proxy/up").status == 404

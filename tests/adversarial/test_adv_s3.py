@@ -15,7 +15,6 @@ import hashlib
 import os
 import secrets
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
@@ -36,7 +35,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 
 @pytest.fixture(scope="module")
-def s3(node: Node):  # noqa: ANN201
+def s3(node: Node):
     return make_client(node.endpoint, retries={"mode": "standard", "total_max_attempts": 1})
 
 
@@ -47,7 +46,7 @@ def raw(node: Node) -> Iterator[RawClient]:
 
 
 @pytest.fixture
-def bucket(s3) -> str:  # noqa: ANN001
+def bucket(s3) -> str:
     name = "adv-s3-" + secrets.token_hex(5)
     s3.create_bucket(Bucket=name)
     return name
@@ -66,7 +65,7 @@ def error_of(exc: pytest.ExceptionInfo[ClientError]) -> tuple[int, str]:
     return exc.value.response["ResponseMetadata"]["HTTPStatusCode"], exc.value.response["Error"]["Code"]
 
 
-def upload_id(s3, bucket: str, key: str) -> str:  # noqa: ANN001
+def upload_id(s3, bucket: str, key: str) -> str:
     return s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
 
 

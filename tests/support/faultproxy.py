@@ -49,6 +49,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from typing import Self
 
 REQUEST = "request"
 RESPONSE = "response"
@@ -592,7 +593,7 @@ class FaultProxy:
 
     # -------------------------------------------------------------- control
 
-    def start(self) -> FaultProxy:
+    def start(self) -> Self:
         self._spawn(self._accept_loop)
         return self
 
@@ -607,7 +608,7 @@ class FaultProxy:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-    def __enter__(self) -> FaultProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -651,7 +652,7 @@ class FaultProxy:
         while not self._stopping.is_set():
             try:
                 client, _ = self._sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return

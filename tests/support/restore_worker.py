@@ -39,9 +39,9 @@ def main() -> int:
     from ctxstore import AsyncContextStore, ContextStore, ContextStoreError, Timeouts
 
     connect, read, total = config.get("timeouts", [0.5, 1.0, 3.0])
-    options: dict[str, Any] = dict(access_key=config["access_key"], secret_key=config["secret_key"],
-                                   timeouts=Timeouts(connect=connect, read=read, total=total),
-                                   strict=config.get("strict", False), probe_interval=0.05)
+    options: dict[str, Any] = {"access_key": config["access_key"], "secret_key": config["secret_key"],
+                               "timeouts": Timeouts(connect=connect, read=read, total=total),
+                               "strict": config.get("strict", False), "probe_interval": 0.05}
     tokens: list[int] = config["tokens"]
     expected: list[str] = config["expected"]
     n = len(expected)

@@ -19,7 +19,7 @@ import socket
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 from unittest import mock
 from urllib.parse import urlsplit
 
@@ -66,7 +66,7 @@ class Reply:
             return None
         try:
             return msgpack.unpackb(self.body[4:4 + n], raw=False, strict_map_key=False)
-        except Exception:
+        except Exception:  # noqa: BLE001 - msgpack raises several types for garbage
             return None
 
 
@@ -146,7 +146,7 @@ class RawClient:
         self.buf = b""
         self.pieces_sent = 0
 
-    def __enter__(self) -> RawClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
