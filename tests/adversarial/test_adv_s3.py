@@ -120,6 +120,18 @@ def test_decoded_content_length_in_unicode_digits_is_invalid_argument(s3, raw: R
         s3.head_object(Bucket=bucket, Key="k")
 
 
+@pytest.mark.parametrize("value", ["%D9%A1", "%EF%BC%92", "1_0", "%C2%B2"])
+@pytest.mark.parametrize("listing", ["", "list-type=2&", "versions&"], ids=["v1", "v2", "versions"])
+def test_max_keys_that_is_not_ascii_digits_is_invalid_argument(s3, raw: RawClient, bucket: str, listing: str,
+                                                               value: str) -> None:
+    """Beyond the listed repros, the same defect: ``max-keys`` goes through ``int()``, which reads ``١``
+    (Arabic-Indic one), ``２`` (fullwidth two) and ``1_0`` (ten) as numbers."""
+    for key in ("a", "b", "c"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"")
+    reply = raw.s3("GET", f"/{bucket}?{listing}max-keys={value}")
+    assert (reply.status, reply.code) == (400, "InvalidArgument")
+
+
 # ---------------------------------------------------------------------------- #10: response-* with CR/LF
 
 OVERRIDES = ["response-content-type", "response-content-language", "response-expires", "response-cache-control",
