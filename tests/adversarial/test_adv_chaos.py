@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from support.chaos import Tally, freeze, kill, restart, start_pod, thaw
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node
 from support.probes import wait_until
-from support.soak import SOAK
+from support.soak import SOAK, SOAK_SECONDS, SOAK_TIMEOUT
 
 from ctxstore import AsyncContextStore, ContextStore, Timeouts, wire
 
@@ -133,7 +134,7 @@ def ci_schedule(nodes: list[Node], tmp: Path) -> None:
 
 def soak_schedule(nodes: list[Node], tmp: Path) -> None:
     rng = random.Random(int(os.environ.get("CTXSTORE_FUZZ_SEED", "1")))
-    deadline = time.monotonic() + float(os.environ.get("CTXSTORE_SOAK_SECONDS", "600"))
+    deadline = time.monotonic() + SOAK_SECONDS
     while time.monotonic() < deadline:
         i = rng.randrange(1, len(nodes))  # node 0 is only frozen, so its blocks can be checked at the end
         action = rng.choice(["freeze", "freeze", "kill", "kill-frozen", "short-freeze"])
@@ -155,6 +156,7 @@ def soak_schedule(nodes: list[Node], tmp: Path) -> None:
         time.sleep(rng.uniform(0.2, 2.0))
 
 
+@pytest.mark.timeout(SOAK_TIMEOUT)
 def test_pod_under_sigkill_sigstop_and_restarts(tmp_path: Path) -> None:
     nodes = start_pod(tmp_path, 3, *NODE_ARGS)
     addresses = [f"127.0.0.1:{n.port}" for n in nodes]

@@ -40,7 +40,7 @@ from support.s3raw import (
     presign_v4,
     signed,
 )
-from support.soak import scaled
+from support.soak import SOAK_TIMEOUT, scaled
 
 from ctxstore import wire
 
@@ -243,6 +243,7 @@ def s3_sign(rng: random.Random, raw: RawClient, method: str, target: str, header
     return target, out
 
 
+@pytest.mark.timeout(SOAK_TIMEOUT)
 def test_fuzz_s3_request_surface(node: Node, healthy: None) -> None:
     outcome = Outcome("s3")
     with RawClient(node.port) as raw:
@@ -343,6 +344,7 @@ def chunked_case(rng: random.Random, raw: RawClient, target: str) -> tuple[dict[
     return out, bytes(data), payload, mutations
 
 
+@pytest.mark.timeout(SOAK_TIMEOUT)
 def test_fuzz_aws_chunked_bodies(node: Node, healthy: None) -> None:
     outcome = Outcome("aws-chunked")
     refused: list[str] = []
@@ -482,6 +484,7 @@ def decodes(op: str, reply: Reply) -> bool:
     return True
 
 
+@pytest.mark.timeout(SOAK_TIMEOUT)
 def test_fuzz_bulk_frames(node: Node, healthy: None) -> None:
     outcome = Outcome("bulk")
     with RawClient(node.port) as raw:
@@ -587,6 +590,7 @@ SENTINELS = ["s1", "s2", "s3"]
 XML_CAP = 96 << 10
 
 
+@pytest.mark.timeout(SOAK_TIMEOUT)
 def test_fuzz_xml_bodies(node: Node, healthy: None) -> None:
     outcome = Outcome("xml")
     with RawClient(node.port) as raw:

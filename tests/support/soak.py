@@ -15,3 +15,8 @@ def scaled(ci: int, soak: int) -> int:
 
 def seconds(ci: float, soak: float) -> float:
     return soak if SOAK else ci
+
+
+SOAK_SECONDS = float(os.environ.get("CTXSTORE_SOAK_SECONDS", "600"))
+# pytest-timeout's limit for a test that soaks (the suite's default of 120 s is for normal runs).
+SOAK_TIMEOUT = int(SOAK_SECONDS + 600) if SOAK else 120
