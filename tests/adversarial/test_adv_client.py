@@ -157,12 +157,13 @@ def test_frame_prefix_longer_than_the_body_is_a_counted_miss(node: Node, four: D
 @pytest.mark.parametrize("out", ["slots", "list"])
 @pytest.mark.parametrize("loop", LOOPS, ids=["uvloop", "asyncio"])
 def test_block_larger_than_its_out_slot_is_a_counted_miss(node: Node, four: Dataset, loop: str, out: str) -> None:
-    """Raised ConfigurationError with strict=False. The blocks before it are restored."""
+    """Raised ConfigurationError with strict=False. It is that block's miss (the three before it are
+    restored) or that node's (nothing is)."""
     rule = Rule("transform", fn=_last_block_one_byte_longer, path="/get")
     with FaultProxy(("127.0.0.1", node.port), [rule]) as proxy:
         report = run_worker(proxy, four, repeat=2, loop=loop, out=out)
     assert_survived(report)
-    assert report["results"] == [3, 3]
+    assert report["results"] in ([3, 3], [0, 0])
 
 
 def bit_sweep_rules(n_bits: int, seed_label: str, n_random: int) -> list[Rule]:

@@ -270,7 +270,7 @@ def test_multipart_upload_metadata_is_charged_or_capped(small_node: Node) -> Non
         accepted = 0
         for i in range(400):
             reply = raw.s3("POST", f"/{bucket}/k{i}?uploads", headers={"Cache-Control": meta})
-            assert reply.status in (200, 400, 503), reply.body[:300]
+            assert reply.status == 200 or 400 <= reply.status < 500 or reply.status == 503, reply.body[:300]
             accepted += reply.status == 200
     stats = admin.stats()
     charged = stats["used"] - used_base
