@@ -113,7 +113,7 @@ class Sink:
             self._head += view
             if len(self._head) < wire.HEAD_LEN.size or len(self._head) < wire.head_length(self._head):
                 return
-            head, end = wire.unpack_head(self._head)
+            head, end = wire.unpack_head(self._head, wire.ANY_HEAD)
             self._targets = targets(self.arena, self.slot, wire.decode_get_head(head, self.n_keys))
             view = memoryview(bytes(self._head[end:]))
         while len(view):

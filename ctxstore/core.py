@@ -241,7 +241,7 @@ class AsyncContextStore:
         async def one(node: Node, idx: list[int]) -> None:
             head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
             result = await self._exchange(node, bucket, "lookup", head,
-                                          lambda r: wire.decode_lookup_response(_head(r), len(idx)))
+                                          lambda r: wire.decode_lookup_response(_head(r, "lookup", len(idx)), len(idx)))
             if result is not None:
                 for i, size in zip(idx, result.sizes, strict=True):
                     sizes[i] = size
@@ -292,7 +292,7 @@ class AsyncContextStore:
                 )
                 n = len(batch)  # the answer is decoded before the next batch starts
                 answer = await self._exchange(node, bucket, "put", wire.encode_put_head(req),
-                                              lambda r: wire.decode_put_response(_head(r), n),
+                                              lambda r: wire.decode_put_response(_head(r, "put", n), n),
                                               payloads=[blocks[i] for i in batch], recreate_bucket=True)
                 if answer is not None:
                     result.stored += answer.results.count("stored")
@@ -325,7 +325,7 @@ class AsyncContextStore:
         async def one(node: Node, idx: list[int]) -> None:
             nonlocal total
             head = wire.encode_keys_request(op, wire.KeysRequest([keys[i] for i in idx], ttl=ttl, seconds=seconds))
-            count = await self._exchange(node, bucket, op, head, lambda r: wire.decode_count_response(_head(r)))
+            count = await self._exchange(node, bucket, op, head, lambda r: wire.decode_count_response(_head(r, "count", 0)))
             if count is not None:
                 total += count.count
 
@@ -458,17 +458,17 @@ async def _gather_all(calls: list[Any]) -> None:
             raise outcome
 
 
-def _head(response: Response) -> dict[str, Any]:
-    """The head of a small (frame-only) answer."""
+def _head(response: Response, kind: str, n_keys: int) -> dict[str, Any]:
+    """The head of a small (frame-only) answer of ``kind`` to a call of ``n_keys``."""
     if not isinstance(response.reader, BytesReader):
         raise wire.WireError("expected a frame-only answer")
-    return wire.unpack_head(response.reader.data)[0]
+    return wire.unpack_head(response.reader.data, wire.answer_schema(kind, n_keys))[0]
 
 
 def _error_of(node: Node, response: Response) -> ContextStoreError:
     data = bytes(response.reader.data) if isinstance(response.reader, BytesReader) else b""
     try:
-        head, _ = wire.unpack_head(data)
+        head, _ = wire.unpack_head(data, wire.answer_schema("error", 0))
         err = wire.decode_error(head)
         return server_error(node.name, response.status, err.error, err.message)
     except wire.WireError:

@@ -92,7 +92,8 @@ class GetReader:
             return
         if self.meta is None:
             if self._pos == len(self._head):
-                head, _ = wire.unpack_head(bytes(self._prefix) + bytes(self._head))
+                head, _ = wire.unpack_head(bytes(self._prefix) + bytes(self._head),
+                                           wire.answer_schema("get", self._n_keys))
                 self._plan(wire.decode_get_head(head, self._n_keys), 4 + len(self._head))
             return
         j = self._queue[self._q]

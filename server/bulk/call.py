@@ -45,7 +45,7 @@ class BulkCall:
         payload_hash = PayloadHash(self.auth)
         payload_hash.update(body)
         payload_hash.verify()
-        head, end = wire.unpack_head(body)
+        head, end = wire.unpack_head(body, wire.request_schema(op, self.max_keys))
         if end != len(body):
             raise BulkError("MalformedFrame", f"{len(body) - end} bytes after the head: {op} has no payloads")
         return head

@@ -35,7 +35,8 @@ async def put(call: BulkCall) -> Reply:
         head_end = wire.head_length(prefix)
         if declared is not None and declared < head_end:
             raise BulkError("IncompleteBody", f"Content-Length {declared} ends inside the {head_end}-byte head")
-        head, _ = wire.unpack_head(prefix + await body.read(head_end - len(prefix)))
+        head, _ = wire.unpack_head(prefix + await body.read(head_end - len(prefix)),
+                                   wire.request_schema("put", call.max_keys))
         request = wire.decode_put_request(head, call.max_keys, call.max_bytes)
         _check_length(declared, head_end + request.payload_bytes)
         blocks = _plan(call, request)

@@ -59,6 +59,7 @@ class Param:
     name: bytes  # percent-decoded ('+' stays '+': S3 does not read queries as form data)
     value: bytes
     has_value: bool  # an '=' was present (SigV2 signs "acl" and "acl=" differently)
+    raw: bytes = b""  # the parameter as sent, still percent-encoded
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def parse_query(query_string: bytes) -> list[Param]:
     for piece in query_string.split(b"&"):
         if piece:
             name, eq, value = piece.partition(b"=")
-            params.append(Param(unquote_to_bytes(name), unquote_to_bytes(value), bool(eq)))
+            params.append(Param(unquote_to_bytes(name), unquote_to_bytes(value), bool(eq), piece))
     return params
 
 

@@ -132,9 +132,20 @@ def _canonical_uris(raw_path: str) -> Iterator[str]:
         yield reencoded
 
 
-def _canonical_query(params: list[Param], exclude: bytes | None = None) -> str:
-    pairs = sorted((uri_encode(p.name), uri_encode(p.value)) for p in params if p.name != exclude)
-    return "&".join(f"{name}={value}" for name, value in pairs)
+def _canonical_queries(params: list[Param], exclude: bytes | None = None) -> Iterator[str]:
+    """The query re-encoded by AWS's rules, then, if different, as sent (sorted): clients that leave
+    characters such as ``:`` unescaped in the query sign it as they send it."""
+    kept = [p for p in params if p.name != exclude]
+    canonical = "&".join(f"{n}={v}" for n, v in sorted((uri_encode(p.name), uri_encode(p.value)) for p in kept))
+    yield canonical
+    as_sent = "&".join("=".join(pair) for pair in sorted(_as_sent(p) for p in kept))
+    if as_sent != canonical:
+        yield as_sent
+
+
+def _as_sent(param: Param) -> tuple[str, str]:
+    name, _, value = param.raw.decode("latin-1").partition("=")
+    return name, value
 
 
 def _canonical_headers(headers: Mapping[str, str], names: list[str]) -> str:
@@ -145,7 +156,7 @@ def _canonical_headers(headers: Mapping[str, str], names: list[str]) -> str:
 def _verify_v4(
     request: SignedRequest,
     *,
-    canonical_query: str,
+    canonical_queries: Iterator[str],
     signed_headers: list[str],
     payload_hash: str,
     amz_date: str,
@@ -154,13 +165,11 @@ def _verify_v4(
     signature: str,
 ) -> None:
     key = signing_key(secret, scope.day, scope.region, scope.service)
-    tail = (
-        f"{canonical_query}\n{_canonical_headers(request.headers, signed_headers)}\n"
-        f"{';'.join(signed_headers)}\n{payload_hash}"
-    )
+    tail = f"{_canonical_headers(request.headers, signed_headers)}\n{';'.join(signed_headers)}\n{payload_hash}"
     first: tuple[str, str] | None = None
-    for uri in _canonical_uris(request.raw_path):
-        canonical_request = f"{request.method}\n{uri}\n{tail}"
+    queries = list(canonical_queries)
+    for uri, query in ((u, q) for u in _canonical_uris(request.raw_path) for q in queries):
+        canonical_request = f"{request.method}\n{uri}\n{query}\n{tail}"
         digest = hashlib.sha256(canonical_request.encode("utf-8")).hexdigest()
         string_to_sign = f"{ALGORITHM}\n{amz_date}\n{scope.text}\n{digest}"
         expected = hmac.digest(key, string_to_sign.encode("utf-8"), "sha256").hex()
@@ -226,7 +235,7 @@ def verify_header(
     _payload_mode(payload_hash)  # reject a malformed value before spending HMACs on it
     _verify_v4(
         request,
-        canonical_query=_canonical_query(request.params),
+        canonical_queries=_canonical_queries(request.params),
         signed_headers=signed_headers,
         payload_hash=payload_hash,
         amz_date=amz_date,
@@ -285,7 +294,7 @@ def verify_presigned(request: SignedRequest, lookup: CredentialLookup, now: floa
     _payload_mode(payload_hash)
     _verify_v4(
         request,
-        canonical_query=_canonical_query(request.params, exclude=b"X-Amz-Signature"),
+        canonical_queries=_canonical_queries(request.params, exclude=b"X-Amz-Signature"),
         signed_headers=signed_headers,
         payload_hash=payload_hash,
         amz_date=amz_date,

@@ -68,11 +68,11 @@ class Reply:
 
     @property
     def head(self) -> dict[str, Any]:
-        return wire.unpack_head(self.body)[0]
+        return wire.unpack_head(self.body, wire.ANY_HEAD)[0]
 
     @property
     def payload(self) -> bytes:
-        return self.body[wire.unpack_head(self.body)[1]:]
+        return self.body[wire.unpack_head(self.body, wire.ANY_HEAD)[1]:]
 
     @property
     def error(self) -> str:
@@ -370,7 +370,7 @@ def send_partial(node: Node, path: str, content_length: int, data: bytes) -> tup
         resp = http.client.HTTPResponse(sock)
         resp.begin()
         body = resp.read()
-    return resp.status, resp.getheader("connection"), wire.decode_error(wire.unpack_head(body)[0]).error
+    return resp.status, resp.getheader("connection"), wire.decode_error(wire.unpack_head(body, wire.ANY_HEAD)[0]).error
 
 
 def test_bad_puts_are_answered_before_their_payloads_are_sent(small: Node, small_bucket: str) -> None:
@@ -448,7 +448,7 @@ def test_sigv4_errors_get_403_error_frames(bulk: Bulk, bucket: str, server: Node
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
     conn.request("POST", wire.path(bucket, "delete"), body=body, headers=headers)
     resp = conn.getresponse()
-    error = wire.decode_error(wire.unpack_head(resp.read())[0])
+    error = wire.decode_error(wire.unpack_head(resp.read(), wire.ANY_HEAD)[0])
     conn.close()
     assert (resp.status, error.error) == (403, "SignatureDoesNotMatch")
 
@@ -569,7 +569,7 @@ def test_a_stalled_put_body_times_out_and_stores_nothing() -> None:
     app, bucket = make_app(body_timeout=0.2)
     sent = asyncio.run(call_app(app, "put", put_frame({"slow": b"x" * 100}), stall=True))
     assert sent[0]["status"] == 408
-    assert wire.decode_error(wire.unpack_head(sent[1]["body"])[0]).error == "RequestTimeout"
+    assert wire.decode_error(wire.unpack_head(sent[1]["body"], wire.ANY_HEAD)[0]).error == "RequestTimeout"
     assert app.engine.reserved == 0 and app.engine.used == 0
 
 
@@ -589,7 +589,7 @@ def test_lookup_and_get_pin_every_present_block() -> None:
     now = time.time()
     sent = asyncio.run(call_app(app, "lookup", wire.encode_keys_request(
         "lookup", wire.KeysRequest(["c/0", "c/1", "c/2"], pin=30))))
-    answer = wire.decode_lookup_response(wire.unpack_head(sent[1]["body"])[0], 3)
+    answer = wire.decode_lookup_response(wire.unpack_head(sent[1]["body"], wire.ANY_HEAD)[0], 3)
     assert answer == wire.LookupResponse(1, [1, wire.ABSENT, 1])
     pins = {k: app.engine.get("default", bucket, k, record=False).pinned_until for k in ("c/0", "c/2", "c/3")}
     assert now + 29 < pins["c/0"] < now + 31 and now + 29 < pins["c/2"] < now + 31  # beyond the prefix too

@@ -21,7 +21,7 @@ MAX_BYTES = 1 << 30
 
 
 def head_of(frame: bytes) -> dict[str, Any]:
-    head, end = wire.unpack_head(frame)
+    head, end = wire.unpack_head(frame, wire.ANY_HEAD)
     assert end == len(frame)
     return head
 
@@ -165,7 +165,7 @@ def test_bad_keys_request_fields() -> None:
 ])
 def test_bad_frames(frame: bytes, code: str) -> None:
     with pytest.raises(WireError) as info:
-        wire.unpack_head(frame)
+        wire.unpack_head(frame, wire.ANY_HEAD)
     assert info.value.code == code
 
 
@@ -240,8 +240,12 @@ def test_responses_round_trip_any_values(rows: list[tuple[int, int, float]]) -> 
 
 
 def _decode_everything(data: bytes) -> None:
-    """Every decoder the server and the client apply to bytes they receive."""
-    head, _ = wire.unpack_head(data)
+    """Every decoder the server and the client apply to bytes they receive (a head the schema refuses, e.g. one
+    with binary values, is a WireError too)."""
+    try:
+        head, _ = wire.unpack_head(data, wire.ANY_HEAD)
+    except WireError:
+        return
     for decode in (
         lambda: wire.decode_put_request(head, 100, 1 << 20),
         lambda: wire.decode_keys_request("lookup", head, 100),
@@ -310,3 +314,36 @@ def test_doc_worked_example_is_what_the_codec_writes() -> None:
     assert dump in text
     answer = wire.encode_lookup_response(wire.LookupResponse(1, [65536, wire.ABSENT]))
     assert answer.hex(" ") in text
+
+
+# ---------------------------------------------------------------------------- heads decode within bounds
+
+
+def _raw_frame(head: dict[str, Any]) -> bytes:
+    body = msgpack.packb(head, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+def test_an_unknown_field_is_refused_before_its_value_is_decoded() -> None:
+    schema = wire.request_schema("lookup", 100)
+    junk = _raw_frame({"v": 1, "keys": ["k"], "junk": [[]] * 200_000})
+    with pytest.raises(WireError, match="unknown field 'junk'"):
+        wire.unpack_head(junk, schema)
+    with pytest.raises(WireError, match="unknown field"):  # a field of another op
+        wire.unpack_head(_raw_frame({"v": 1, "keys": ["k"], "sizes": [1]}), schema)
+
+
+def test_overlong_containers_strings_and_binary_are_refused() -> None:
+    schema = wire.request_schema("lookup", 100)
+    with pytest.raises(WireError) as caught:
+        wire.unpack_head(_raw_frame({"v": 1, "keys": ["k"] * 102}), schema)
+    assert caught.value.code == "TooManyKeys"
+    for head in ({"v": 1, "keys": ["k" * 2000]}, {"v": 1, "keys": [b"k"]}, {"v": 1, "pin": [[0] * 200]}):
+        with pytest.raises(WireError) as caught:
+            wire.unpack_head(_raw_frame(head), schema)
+        assert caught.value.code == "MalformedFrame"
+    # At the node's limit exactly: decoded, and the request decoder says TooManyKeys one key further.
+    head, _ = wire.unpack_head(_raw_frame({"v": 1, "keys": ["k"] * 101}), schema)
+    with pytest.raises(WireError) as caught:
+        wire.decode_keys_request("lookup", head, 100)
+    assert caught.value.code == "TooManyKeys"

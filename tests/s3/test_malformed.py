@@ -185,7 +185,7 @@ def test_trailer_checksum_failures(server: Node, previous) -> None:  # noqa: ANN
         "wrong crc": (unsigned_trailer_body(data, crc32_b64(b"other")), 400, "BadDigest"),
         "no trailer": (unsigned_trailer_body(data, "")[:-len("x-amz-checksum-crc32:\r\n\r\n")] + b"\r\n",
                        400, "InvalidRequest"),
-        "not base64": (unsigned_trailer_body(data, "%%%%"), 400, "InvalidRequest"),
+        "not base64": (unsigned_trailer_body(data, "%%%%"), 400, "BadDigest"),
     }
     for name, (body, status, code) in cases.items():
         signed = sign(server, "PUT", target, payload_hash=UNSIGNED_TRAILER, headers=headers)

@@ -11,7 +11,7 @@ sends request ``i``. It prints one JSON line:
 - ``wrong``: restored blocks whose bytes differ from ``expected`` (must always be 0);
 - ``exceptions``: ``[class name, is a ContextStoreError, repr]`` of each exception that escaped a call;
 - ``uncounted``: calls that returned fewer blocks than asked for without the client's failure counters
-  (``errors``, ``checksum_failures``, ``skipped_down_node_keys``) moving;
+  (``errors``, ``checksum_failures``, ``skipped_down_node_keys``, ``oversized_blocks``) moving;
 - ``longest``: the longest call, in seconds; ``metrics``: the client's final metrics snapshot.
 
 Config keys: ``nodes``, ``access_key``, ``secret_key``, ``bucket``, ``model``, ``block_size``, ``tokens``,
@@ -31,7 +31,7 @@ from typing import Any
 
 import xxhash
 
-FAILURE_COUNTERS = ("errors", "checksum_failures", "skipped_down_node_keys")
+FAILURE_COUNTERS = ("errors", "checksum_failures", "skipped_down_node_keys", "oversized_blocks")
 
 
 def main() -> int:
