@@ -163,9 +163,10 @@ def unpack_head(buf: bytes | bytearray | memoryview, schema: HeadSchema) -> tupl
         if n > len(schema.fields):
             raise WireError(f"a head of {n} fields; this one has at most {len(schema.fields)}")
         for _ in range(n):
-            field = unpacker.unpack()
-            if field not in schema.fields:
-                raise WireError(f"unknown field {str(field)[:40]!r} in the head")
+            name = unpacker.unpack()
+            if not isinstance(name, str) or name not in schema.fields:
+                raise WireError(f"unknown field {str(name)[:40]!r} in the head")
+            field = name
             head[field] = unpacker.unpack()
         if unpacker.tell() != len(body):
             raise WireError("bytes after the head's map")

@@ -131,6 +131,20 @@ def check_skew(when: float, now: float, max_skew: float) -> None:
         )
 
 
+SIGNABLE_PREFIXES = ("x-amz-", "x-ctx-")  # headers that change what a request does: each must be signed
+
+
+def require_signed(headers: Mapping[str, str], signed: set[str] | frozenset[str], *,
+                   exempt: tuple[str, ...] = ()) -> None:
+    """AccessDenied unless every ``x-amz-*`` and ``x-ctx-*`` header present is among the ``signed`` ones (as
+    AWS does): a header added to a signed request or a presigned URL must not change what it does."""
+    unsigned = sorted(name for name in headers
+                      if name.startswith(SIGNABLE_PREFIXES) and name not in signed and name not in exempt)
+    if unsigned:
+        raise RequestError(Reject.ACCESS_DENIED, "There were headers present in the request which were not signed",
+                           extra={"HeadersNotSigned": ", ".join(unsigned)})
+
+
 def lookup_credentials(lookup: CredentialLookup, access_key: str) -> Credentials:
     credentials = lookup(access_key)
     if credentials is None:

@@ -18,8 +18,11 @@ from .signing import (
     lookup_credentials,
     parse_amz_date,
     parse_http_date,
+    require_signed,
     text,
 )
+
+MAX_PRESIGNED_EXPIRES = 7 * 24 * 3600
 
 # The canonical resource signs these query parameters (AWS's list of sub-resources and response-* overrides,
 # plus the later ones botocore signs).
@@ -96,15 +99,24 @@ def verify_presigned(
     credentials = lookup_credentials(lookup, access_key)
     if now > int(expires):
         raise RequestError(Reject.ACCESS_DENIED, "Request has expired")
+    if int(expires) - now > MAX_PRESIGNED_EXPIRES:  # as SigV4 caps its presigned URLs
+        raise RequestError(Reject.ACCESS_DENIED, "A presigned URL may live at most a week (604800 seconds)")
     # botocore moves the Content-Type, Content-MD5 and x-amz-* headers it signed into the query string.
     fields = dict(request.headers)
     for p in request.params:
         name = text(p.name).lower()
         if name.startswith("x-amz-") or name in ("content-type", "content-md5"):
             fields[name] = text(p.value)
+    _require_signed_v2(fields)
     string_to_sign = _v2_string_to_sign(request, fields, expires, _v2_resource(request, virtual_bucket))
     _verify_v2(credentials, [string_to_sign], signature)
     return AuthContext(credentials, "v2-presigned", "unsigned")
+
+
+def _require_signed_v2(fields: Mapping[str, str]) -> None:
+    """SigV2 signs every x-amz-* header; it cannot sign x-ctx-* ones, so those are refused (a TTL goes in
+    the x-amz-meta-ctx-ttl metadata instead)."""
+    require_signed(fields, frozenset(name for name in fields if name.startswith("x-amz-")))
 
 
 def verify_header(
@@ -128,6 +140,7 @@ def verify_header(
         raise RequestError(Reject.ACCESS_DENIED, "AWS authentication requires a valid Date or x-amz-date header")
     credentials = lookup_credentials(lookup, access_key)
     check_skew(when, now, max_skew)
+    _require_signed_v2(headers)
     resource = _v2_resource(request, virtual_bucket)
     if amz_date is None:
         candidates = [_v2_string_to_sign(request, headers, str(date).strip(), resource)]

@@ -30,6 +30,7 @@ from .signing import (
     lookup_credentials,
     parse_amz_date,
     parse_http_date,
+    require_signed,
     uri_encode,
 )
 
@@ -228,6 +229,7 @@ def verify_header(
     credentials = lookup_credentials(lookup, scope.access_key)
     check_skew(when, now, max_skew)
     signed_headers = _signed_header_names(fields["SignedHeaders"], error)
+    require_signed(request.headers, frozenset(signed_headers))
     payload_hash = request.headers.get("x-amz-content-sha256")
     if payload_hash is None:
         raise RequestError(Reject.INVALID_REQUEST, "Missing required header for this request: x-amz-content-sha256")
@@ -285,6 +287,8 @@ def verify_presigned(request: SignedRequest, lookup: CredentialLookup, now: floa
             },
         )
     signed_headers = _signed_header_names(signed, error)
+    # awscrt sends x-amz-content-sha256: UNSIGNED-PAYLOAD with the URLs it presigns, without signing it.
+    require_signed(request.headers, frozenset(signed_headers), exempt=("x-amz-content-sha256",))
     # UNSIGNED-PAYLOAD unless the presigner fixed a hash: as a parameter, or as a header it signed (botocore's
     # Python signer signs that header; awscrt's leaves it unsigned and signs UNSIGNED-PAYLOAD).
     payload_hash = request.param("X-Amz-Content-Sha256")
