@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from . import wire
-from .buffers import Destinations, Scatter, Target, byte_view
+from .buffers import Destinations, Target, byte_view
 from .errors import (
     ConfigurationError,
     ContextStoreError,

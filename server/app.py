@@ -51,10 +51,9 @@ class App:
         self.node = NodeState.create(settings, tenants, engine)
         self.metrics = Metrics(self.node)  # first: the services count into it (docs/metrics.md)
         requests = self.metrics.requests
-        self.s3 = partial(shell.serve, S3Service(self.node.engine, tenants.lookup, settings), requests,
-                          settings.body_timeout)
-        self.bulk = partial(shell.serve, BulkService(self.node.engine, tenants.lookup, settings), requests,
-                            settings.body_timeout)
+        limits = shell.BodyLimits(settings.body_timeout, settings.min_body_rate)
+        self.s3 = partial(shell.serve, S3Service(self.node.engine, tenants.lookup, settings), requests, limits)
+        self.bulk = partial(shell.serve, BulkService(self.node.engine, tenants.lookup, settings), requests, limits)
         self.events = EventHub(self.node.engine, settings, self.node.node_id)  # for routers (docs/events.md)
         self.event_stream = EventStream(self.events, self.node)
         self.admin = create_admin_app(self.node)

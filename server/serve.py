@@ -21,6 +21,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ctxstore.admin_schema import generate_key_pair
 
+from . import allocator
 from . import settings as settings_mod
 from .app import App
 from .settings import Settings
@@ -74,17 +75,46 @@ def ensure_admin_token(settings: Settings, out=sys.stdout) -> None:  # noqa: ANN
 
 
 def protocol_with_header_limit(
-    limit: int, idle_timeout: float | None = None, header_timeout: float | None = None
+    limit: int, idle_timeout: float | None = None, header_timeout: float | None = None,
+    write_timeout: float | None = None,
 ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a cap on the request line plus headers (no cap of its own), and
     deadlines uvicorn lacks: a new connection that sends nothing closes after ``idle_timeout`` (uvicorn only
-    times out idle connections after a first response), and a request whose line and headers are still
+    times out idle connections after a first response), a request whose line and headers are still
     incomplete ``header_timeout`` after its first byte closes (uvicorn cancels its only timer on any byte, so a
-    client dribbling a header would hold the connection forever)."""
+    client dribbling a header would hold the connection forever), and a response the client stopped reading
+    (the write buffer full and not draining for ``write_timeout``) is dropped, freeing what it was sending."""
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         _header_bytes = 0
         _header_timer: asyncio.TimerHandle | None = None
+        _write_timer: asyncio.TimerHandle | None = None
+        _write_seen = 0
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if write_timeout is not None and self._write_timer is None:
+                self._write_seen = self.transport.get_write_buffer_size()
+                self._write_timer = self.loop.call_later(write_timeout, self._check_writes)
+
+        def resume_writing(self) -> None:
+            self._stop_watching_writes()
+            super().resume_writing()
+
+        def _check_writes(self) -> None:
+            """Paused all along: drop the connection unless the client took some bytes meanwhile."""
+            self._write_timer = None
+            pending = self.transport.get_write_buffer_size()
+            if pending and pending >= self._write_seen:
+                self.transport.abort()  # uvicorn then unblocks the response's sends; they go nowhere
+            elif pending and write_timeout is not None:
+                self._write_seen = pending
+                self._write_timer = self.loop.call_later(write_timeout, self._check_writes)
+
+        def _stop_watching_writes(self) -> None:
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
 
         def connection_made(self, transport) -> None:  # noqa: ANN001
             super().connection_made(transport)
@@ -92,6 +122,7 @@ def protocol_with_header_limit(
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._stop_watching_writes()
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
@@ -154,7 +185,7 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
         port=settings.port,
         loop="uvloop",
         http=protocol_with_header_limit(settings.max_header_size, settings.keepalive_timeout,
-                                        settings.body_timeout),
+                                        settings.body_timeout, settings.body_timeout),
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,
@@ -198,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     if bool(settings.tls_cert) != bool(settings.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    allocator.tune()
     app = App(settings, tenants)
     scheme = "https" if settings.tls_cert else "http"
     base = f"{scheme}://{settings.host}:{settings.port}"

@@ -107,6 +107,17 @@ class Settings:
                 "This node's name in stats and events (default: host:port).")
     tenants_file: str = setting("", STR, "CTXSTORE_TENANTS_FILE",
                 "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ...}].")
+    max_buckets_per_tenant: int = setting(1000, INT, "CTXSTORE_MAX_BUCKETS_PER_TENANT",
+                "Buckets one tenant may own; more get TooManyBuckets.")
+    max_uploads_per_tenant: int = setting(1000, INT, "CTXSTORE_MAX_UPLOADS_PER_TENANT",
+                "Multipart uploads one tenant may have in progress; more are refused until some complete, abort or "
+                "expire (--upload-ttl).")
+    tenant_reserve_limit: int = setting(0, SIZE, "CTXSTORE_TENANT_RESERVE_LIMIT",
+                "Bytes of request bodies one tenant may have in flight at once (declared lengths); more get 503 "
+                "SlowDown. 0: a quarter of --memory.")
+    min_body_rate: int = setting(64 << 10, SIZE, "CTXSTORE_MIN_BODY_RATE",
+                "Bytes per second a request body must arrive at, measured over each --body-timeout; a slower one "
+                "fails with RequestTimeout (a trickling upload cannot hold its reservation).")
     max_object_size: int = setting(5 << 30, SIZE, "CTXSTORE_MAX_OBJECT_SIZE",
                 "Largest object or part body accepted.")
     min_part_size: int = setting(5 << 20, SIZE, "CTXSTORE_MIN_PART_SIZE",
@@ -204,8 +215,8 @@ def resolve(args: argparse.Namespace | None = None, env: Mapping[str, str] | Non
             value = s.type.parse(raw)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
-        if s.type in (SIZE, DURATION, INT) and not value > 0:
-            raise ValueError(f"{source}: must be positive, got {raw!r}")
+        if s.type in (SIZE, DURATION, INT) and not value > 0 and not (value == 0 and s.default == 0):
+            raise ValueError(f"{source}: must be positive, got {raw!r}")  # 0 only where the default (0) means "auto"
         values[s.name] = value
     return Settings().with_values(values)
 

@@ -38,6 +38,8 @@ CODES: dict[Kind | Reject, str] = {
     Kind.ENTITY_TOO_SMALL: "InvalidArgument",
     Kind.ENTITY_TOO_LARGE: "TooManyBytes",
     Kind.INVALID_ARGUMENT: "InvalidArgument",
+    Kind.TOO_MANY_BUCKETS: "InvalidArgument",
+    Kind.TOO_MANY_UPLOADS: "InvalidArgument",
     Reject.ACCESS_DENIED: "AccessDenied",
     Reject.UNKNOWN_ACCESS_KEY: "InvalidAccessKeyId",
     Reject.SIGNATURE_MISMATCH: "SignatureDoesNotMatch",

@@ -41,8 +41,11 @@ async def get(call: BulkCall) -> Reply:
     )
     for obj in present:
         call.engine.record_read(obj, obj.size)
-    # obj.data is never mutated once committed; holding it keeps it whole even if the object is evicted.
-    return frame_reply(wire.encode_get_head(head), [obj.data for obj in present if obj.size])
+    # obj.data is never mutated once committed; holding it keeps it whole even if the object is evicted, and
+    # the lease keeps it counted against the budget until the send ends.
+    reply = frame_reply(wire.encode_get_head(head), [obj.data for obj in present if obj.size])
+    reply.after.extend(call.engine.lease(obj) for obj in present)
+    return reply
 
 
 def _pin_present(call: BulkCall, request: wire.KeysRequest, objects: Sequence[StoredObject | None]) -> None:

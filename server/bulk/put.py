@@ -1,9 +1,11 @@
 """The bulk ``put``: a head, then every block's payload back to back.
 
-The head is read and validated against the limits, and budget is reserved for every block, *before* a payload
-byte is read; then each block is read straight into its own buffer and its XXH3-64 verified as it completes.
-Nothing is committed until the whole body has arrived and parsed; then each block is stored or rejected on its
-own, in one engine pass without an await (atomic with respect to other requests)."""
+The head is read and validated against the limits *before* a payload byte is read, and each block's
+reservation is opened then (a block that could never be stored, over a quota, is refused at once); a block's
+reservation holds budget as its bytes arrive, straight into its own buffer, and its XXH3-64 is verified as it
+completes (a block that fails releases its room at once). Nothing is committed until the whole body has
+arrived and parsed; then each block is stored or rejected on its own, in one engine pass without an await
+(atomic with respect to other requests)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ import xxhash
 
 from ctxstore import wire
 
-from ..engine import Reservation, errors as storage
+from ..engine import OBJECT_OVERHEAD, Reservation, errors as storage
 from ..protocol.asgi import BodyTimeout
 from ..protocol.payload import PayloadHash
 from ..protocol.shell import Reply
 from .call import MAX_FRAME, BulkCall
 from .errors import BulkError
 from .ops import frame_reply
+
+RECEIVE_SLICE = 1 << 20  # a block's reservation grows by this much before each slice of it is read
 
 
 async def put(call: BulkCall) -> Reply:
@@ -40,11 +44,13 @@ async def put(call: BulkCall) -> Reply:
         request = wire.decode_put_request(head, call.max_keys, call.max_bytes)
         _check_length(declared, head_end + request.payload_bytes)
         blocks = _plan(call, request)
+        first = True
         for block in blocks:  # straight into each block's own buffer, verified as it completes
             if block.result == "exists":
                 await body.skip(block.size)
             else:
-                await block.receive(body)
+                await block.receive(call, body, same_request=not first)
+                first = False
         if not await body.at_end():
             raise BulkError("MalformedFrame", "bytes after the last payload the head announced")
         body.payload_hash.verify()
@@ -65,21 +71,15 @@ def _check_length(declared: int | None, expected: int) -> None:
 
 
 def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
-    """One block per key; with if_absent, live keys are 'exists' (bytes skipped). Reserves budget for the rest
-    before any payload is read: if the budget cannot make room, nothing is read or stored."""
+    """One block per key; with if_absent, live keys are 'exists' (bytes skipped). Before any payload is read,
+    a block that could never be stored (over the budget or a quota) fails the whole call."""
     blocks = [Block(key, size, xxh3) for key, size, xxh3 in
               zip(request.keys, request.sizes, request.xxh3, strict=True)]
-    try:
-        for block in blocks:
-            if request.if_absent and _live(call, block.key):
-                block.result = "exists"
-                continue
-            # Payload plus key: exactly what the committed object will be charged.
-            block.reservation = call.engine.reserve(block.size + len(block.key.encode()))
-    except BaseException:
-        for block in blocks:
-            block.release()
-        raise
+    for block in blocks:
+        if request.if_absent and _live(call, block.key):
+            block.result = "exists"
+        else:
+            call.engine.check_fits(call.tenant, call.bucket, block.size, block.fixed)
     return blocks
 
 
@@ -126,9 +126,23 @@ class Block:
     result: str | None = None  # None until decided: "exists" (skipped) or "rejected" (checksum)
     error: str = ""
 
-    async def receive(self, body: BodyReader) -> None:
+    @property
+    def fixed(self) -> int:
+        """What the committed object is charged beyond its payload: the key and the per-object overhead."""
+        return OBJECT_OVERHEAD + len(self.key.encode())
+
+    async def receive(self, call: BulkCall, body: BodyReader, *, same_request: bool) -> None:
+        """Read the block into its own buffer, its reservation growing as the bytes arrive. No room for it
+        (everything left pinned or in flight) fails the whole call with SlowDown: nothing is stored."""
         data = bytearray(self.size)
-        await body.read_into(memoryview(data))
+        view = memoryview(data)
+        self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed, key=self.key,
+                                               same_request=same_request)
+        self.reservation.grow(0)  # the fixed charge
+        for start in range(0, self.size, RECEIVE_SLICE):
+            end = min(self.size, start + RECEIVE_SLICE)
+            self.reservation.grow(end)
+            await body.read_into(view[start:end])
         actual = xxhash.xxh3_64_intdigest(data)
         if actual != self.xxh3:  # all-or-nothing per block: drop it now, the others go on
             self.result = "rejected"

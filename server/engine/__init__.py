@@ -9,10 +9,11 @@ from .budget import Reservation
 from .config import EngineConfig
 from .engine import Engine
 from .errors import Kind, StorageError
-from .objects import OBJECT_OVERHEAD, Bucket, BucketStats, Part, Payload, StoredObject, Upload, etag_matches
+from .objects import BUCKET_OVERHEAD, OBJECT_OVERHEAD, PART_OVERHEAD, UPLOAD_OVERHEAD, Bucket, Completion, BucketStats, Part, Payload, StoredObject, Upload, etag_matches
 from .store import REMOVAL_REASONS
 
 __all__ = [
-    "OBJECT_OVERHEAD", "REMOVAL_REASONS", "Bucket", "BucketStats", "Engine", "EngineConfig", "Kind", "Part",
+    "BUCKET_OVERHEAD", "OBJECT_OVERHEAD", "PART_OVERHEAD", "REMOVAL_REASONS", "UPLOAD_OVERHEAD", "Bucket",
+    "BucketStats", "Completion", "Engine", "EngineConfig", "Kind", "Part",
     "Payload", "Reservation", "StorageError", "StoredObject", "Upload", "errors", "etag_matches",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings import Settings
+from .objects import BUCKET_OVERHEAD, PART_OVERHEAD, UPLOAD_OVERHEAD
 
 _DEFAULTS = Settings()
 
@@ -20,7 +21,14 @@ class EngineConfig:
     max_object_size: int = _DEFAULTS.max_object_size
     min_part_size: int = _DEFAULTS.min_part_size
     upload_ttl: float = _DEFAULTS.upload_ttl  # an abandoned multipart upload is dropped after this
+    max_buckets_per_tenant: int = _DEFAULTS.max_buckets_per_tenant
+    max_uploads_per_tenant: int = _DEFAULTS.max_uploads_per_tenant
+    tenant_reserve_limit: int = _DEFAULTS.tenant_reserve_limit  # 0: a quarter of the budget
     max_parts: int = 10000  # S3's limit on parts per upload
+    # What a bucket, an upload and a part cost beyond their bytes (objects.py has the measured figures).
+    bucket_overhead: int = BUCKET_OVERHEAD
+    upload_overhead: int = UPLOAD_OVERHEAD
+    part_overhead: int = PART_OVERHEAD
     max_pinned_scan: int = 10000  # pinned objects one write may step over before it gives up
 
     @classmethod
@@ -33,4 +41,7 @@ class EngineConfig:
             max_object_size=settings.max_object_size,
             min_part_size=settings.min_part_size,
             upload_ttl=settings.upload_ttl,
+            max_buckets_per_tenant=settings.max_buckets_per_tenant,
+            max_uploads_per_tenant=settings.max_uploads_per_tenant,
+            tenant_reserve_limit=settings.tenant_reserve_limit,
         )

@@ -17,13 +17,13 @@ call made from the same event loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .budget import Budget, Reservation
 from .config import EngineConfig
 from .multipart import Multipart
-from .objects import Bucket, Part, Payload, StoredObject, Upload
+from .objects import OBJECT_OVERHEAD, Bucket, Completion, Part, Payload, StoredObject, Upload
 from .operator import Operator
 from .store import Clock, ObjectStore, RemovalListener, StoreListener
 
@@ -67,6 +67,14 @@ class Engine:
     def pinned_bytes(self) -> int:
         return self.budget.pinned
 
+    @property
+    def state_bytes(self) -> int:
+        return self.budget.state
+
+    @property
+    def sending_bytes(self) -> int:
+        return self.budget.sending
+
     # ------------------------------------------------------------------ buckets
 
     def create_bucket(self, tenant: str, name: str) -> bool:
@@ -101,14 +109,27 @@ class Engine:
 
     # ------------------------------------------------------------------ objects
 
-    def reserve(self, nbytes: int) -> Reservation:
-        """Set aside room for an object of ``nbytes`` payload before its body is read."""
-        return self.store.reserve(nbytes)
+    def check_fits(self, tenant: str, bucket_name: str, nbytes: int, fixed: int = OBJECT_OVERHEAD) -> None:
+        """EntityTooLarge unless an object of ``nbytes`` (``fixed`` more once stored) could ever be stored."""
+        self.store.check_fits(tenant, bucket_name, nbytes, fixed)
+
+    def reserve(self, tenant: str, bucket_name: str, nbytes: int | None, fixed: int = OBJECT_OVERHEAD, *,
+                key: str | None = None, same_request: bool = False) -> Reservation:
+        """A reservation for a body of ``nbytes`` (``fixed`` more once stored), opened before the body is read:
+        what could never be stored is refused now; it holds budget as the body arrives (``grow``).
+        ``same_request``: a later block of a request that already holds one (the tenant's in-flight limit is
+        checked once per request). ``key``: the object it replaces (its bytes count as free)."""
+        return self.store.reserve(tenant, bucket_name, nbytes, fixed, key=key, same_request=same_request)
+
+    def lease(self, obj: StoredObject) -> Callable[[], None]:
+        """Count a response sending ``obj``'s payload until the returned function is called (a removed object
+        stays charged to the budget until its last send ends)."""
+        return self.store.lease(obj)
 
     def put(self, tenant: str, bucket_name: str, key: str, data: Payload, *, etag: str, ttl: float | None = None,
             content_type: str = "binary/octet-stream", headers: dict[str, str] | None = None,
             user_meta: dict[str, str] | None = None, checksums: dict[str, str] | None = None,
-            parts_count: int = 0, if_none_match: bool = False, if_match: str | None = None,
+            parts_count: int = 0, if_none_match: bool | str = False, if_match: str | None = None,
             reservation: Reservation | None = None, xxh3: int | None = None) -> StoredObject:
         """Commit a whole object atomically (see :meth:`.store.ObjectStore.put`)."""
         return self.store.put(tenant, bucket_name, key, data, etag=etag, ttl=ttl, content_type=content_type,
@@ -156,6 +177,10 @@ class Engine:
     def upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Upload:
         return self.multipart.get(tenant, bucket_name, key, upload_id)
 
+    def completion(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Completion | None:
+        """The remembered answer of an upload completed before, so a retried Complete can succeed again."""
+        return self.multipart.completion(tenant, bucket_name, key, upload_id)
+
     def uploads_in(self, tenant: str, bucket_name: str, prefix: str = "") -> list[Upload]:
         """The tenant's uploads into a bucket, by key then age."""
         self.store.bucket(tenant, bucket_name)
@@ -167,8 +192,8 @@ class Engine:
                                        checksums=checksums, reservation=reservation)
 
     def complete_upload(self, tenant: str, bucket_name: str, key: str, upload_id: str, parts: list[tuple[int, str]],
-                        *, if_none_match: bool = False, if_match: str | None = None,
-                        checksums: dict[str, str] | None = None) -> StoredObject:
+                        *, if_none_match: bool | str = False, if_match: str | None = None,
+                        checksums: dict[str, str] | None = None) -> StoredObject | Completion:
         return self.multipart.complete(tenant, bucket_name, key, upload_id, parts, if_none_match=if_none_match,
                                        if_match=if_match, checksums=checksums)
 

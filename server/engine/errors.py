@@ -27,6 +27,8 @@ class Kind(StrEnum):
     ENTITY_TOO_SMALL = "entity-too-small"
     ENTITY_TOO_LARGE = "entity-too-large"
     INVALID_ARGUMENT = "invalid-argument"
+    TOO_MANY_BUCKETS = "too-many-buckets"
+    TOO_MANY_UPLOADS = "too-many-uploads"
 
 
 class StorageError(Exception):
@@ -133,3 +135,15 @@ class InvalidArgument(StorageError):
     """A value passed to the engine is out of range (TTL, pin duration, part number...)."""
 
     kind = Kind.INVALID_ARGUMENT
+
+
+class TooManyBuckets(StorageError):
+    """The tenant owns as many buckets as it may."""
+
+    kind = Kind.TOO_MANY_BUCKETS
+
+
+class TooManyUploads(StorageError):
+    """The tenant has as many multipart uploads in progress as it may."""
+
+    kind = Kind.TOO_MANY_UPLOADS

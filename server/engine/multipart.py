@@ -1,17 +1,21 @@
-"""Multipart uploads: they own their parts, which count against the budget until the upload completes or
-aborts; completing one commits a single object through the object store."""
+"""Multipart uploads: they own their parts, which count against the budget and their tenant's quota until the
+upload completes or aborts, as does each upload's own record; completing one commits a single object through
+the object store. A tenant may have at most ``max_uploads_per_tenant`` uploads at once."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections import OrderedDict
 
 import xxhash
 
 from . import errors
 from .budget import Budget, Reservation
 from .config import EngineConfig
-from .objects import Part, Payload, StoredObject, Upload, etag_matches
+from .objects import Completion, Part, Payload, StoredObject, Upload, etag_matches
+
+COMPLETIONS_KEPT = 10000  # completed uploads remembered for retried completions (each for upload_ttl at most)
 from .store import Clock, ObjectStore
 
 
@@ -24,6 +28,8 @@ class Multipart:
         self.store = store
         self.clock = clock
         self.uploads: dict[str, Upload] = {}
+        self._owned: dict[str, int] = {}  # tenant -> uploads in progress
+        self.completed: OrderedDict[str, Completion] = OrderedDict()  # oldest first
 
     def create(
         self, tenant: str, bucket_name: str, key: str, *, ttl: float | None, content_type: str,
@@ -32,12 +38,19 @@ class Multipart:
         bucket = self.store.bucket(tenant, bucket_name)
         if ttl is not None:
             self.store.resolve_ttl(bucket, ttl)  # validate now, not at completion
+        if self._owned.get(tenant, 0) >= self.config.max_uploads_per_tenant:
+            raise errors.TooManyUploads(f"a tenant may have at most {self.config.max_uploads_per_tenant} uploads in "
+                                 "progress; complete or abort some")
         upload = Upload(
             upload_id=secrets.token_urlsafe(24), bucket=bucket_name, key=key, owner=tenant,
             created=self.clock(), ttl=ttl, content_type=content_type, headers=headers, user_meta=user_meta,
             checksum_algorithm=checksum_algorithm,
         )
+        upload.charge = self.config.upload_overhead + upload.metadata_bytes()
+        self.store.make_state_room(tenant, upload.charge)
+        self.budget.charge(tenant, upload.charge, "state")
         self.uploads[upload.upload_id] = upload
+        self._owned[tenant] = self._owned.get(tenant, 0) + 1
         return upload
 
     def get(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Upload:
@@ -62,26 +75,44 @@ class Multipart:
             raise errors.InvalidArgument(f"part number must be an integer between 1 and {self.config.max_parts}")
         upload = self.get(tenant, bucket_name, key, upload_id)
         part = Part(number=number, data=data, etag=f'"{md5.hex()}"', md5=md5, last_modified=self.clock(),
-                    checksums=checksums)
-        self.store.make_room(part.size)
+                    checksums=checksums, charge=len(data) + self.config.part_overhead)
         old = upload.parts.pop(number, None)
-        if old is not None:
-            self._charge(upload, -old.size)
+        if old is not None:  # replaced: its bytes are free for the new one
+            self._charge(upload, -old.charge)
+        try:
+            self.store.make_state_room(tenant, part.charge)
+        except errors.StorageError:
+            if old is not None:
+                upload.parts[number] = old
+                self._charge(upload, old.charge)
+            raise
         upload.parts[number] = part
-        self._charge(upload, part.size)
+        self._charge(upload, part.charge)
         return part
 
     def _charge(self, upload: Upload, nbytes: int) -> None:
         upload.charged += nbytes
-        self.budget.charge_parts(nbytes)
+        self.budget.charge(upload.owner, nbytes, "part")
+
+    def completion(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Completion | None:
+        """What completing ``upload_id`` answered, if it was completed (recently) into this tenant's key."""
+        done = self.completed.get(upload_id)
+        if done is None or upload_id in self.uploads:
+            return None
+        self.store.bucket(tenant, bucket_name)
+        return done if (done.bucket, done.key, done.owner) == (bucket_name, key, tenant) else None
 
     def complete(
         self, tenant: str, bucket_name: str, key: str, upload_id: str, parts: list[tuple[int, str]], *,
-        if_none_match: bool = False, if_match: str | None = None, checksums: dict[str, str] | None = None,
-    ) -> StoredObject:
+        if_none_match: bool | str = False, if_match: str | None = None, checksums: dict[str, str] | None = None,
+    ) -> StoredObject | Completion:
         """Assemble the listed parts (ascending numbers, matching ETags) into one object, atomically.
 
-        ``checksums``: the composite checksums the protocol layer computed from the parts' own."""
+        ``checksums``: the composite checksums the protocol layer computed from the parts' own. An upload
+        completed before (a retried completion) answers what it answered then, as a :class:`Completion`."""
+        done = self.completion(tenant, bucket_name, key, upload_id)
+        if done is not None:
+            return done
         upload = self.get(tenant, bucket_name, key, upload_id)
         if not parts:
             raise errors.InvalidPart("you must specify at least one part")
@@ -105,9 +136,13 @@ class Multipart:
         # upload larger than half the budget can still complete. If there is no room, they count again.
         charged = upload.charged
         self._charge(upload, -charged)
+        reservation: Reservation | None = None
         try:
-            reservation = self.store.reserve(total)
+            reservation = self.store.reserve(tenant, bucket_name, total)
+            reservation.grow_all()
         except errors.StorageError:
+            if reservation is not None:
+                reservation.release()
             self._charge(upload, charged)
             raise
         with reservation:
@@ -121,11 +156,16 @@ class Multipart:
                 pos += part.size
             etag = f'"{hashlib.md5(b"".join(p.md5 for p in chosen)).hexdigest()}-{len(chosen)}"'
             self.drop(upload)
-            return self.store.put(
+            obj = self.store.put(
                 tenant, bucket_name, key, data, etag=etag, ttl=upload.ttl, content_type=upload.content_type,
                 headers=upload.headers, user_meta=upload.user_meta, checksums=checksums or {},
                 parts_count=len(chosen), xxh3=hasher.intdigest(), reservation=reservation,
             )
+        self.completed[upload_id] = Completion(upload_id, bucket_name, key, tenant, obj.etag, dict(obj.checksums),
+                                               obj.expires_at, self.clock())
+        while len(self.completed) > COMPLETIONS_KEPT:
+            self.completed.popitem(last=False)
+        return obj
 
     def abort(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> None:
         self.drop(self.get(tenant, bucket_name, key, upload_id))
@@ -133,6 +173,8 @@ class Multipart:
     def drop(self, upload: Upload) -> None:
         if self.uploads.pop(upload.upload_id, None) is not None:
             self._charge(upload, -upload.charged)
+            self.budget.charge(upload.owner, -upload.charge, "state")
+            self._owned[upload.owner] -= 1
             upload.parts.clear()
 
     def drop_bucket(self, bucket_name: str) -> None:
@@ -141,8 +183,13 @@ class Multipart:
             self.drop(upload)
 
     def reap_stale(self, limit: int) -> None:
-        """Drop up to ``limit`` uploads older than ``upload_ttl``."""
+        """Drop up to ``limit`` uploads older than ``upload_ttl``, and the completions remembered that long."""
         now = self.clock()
+        while self.completed:
+            oldest = next(iter(self.completed.values()))
+            if oldest.completed + self.config.upload_ttl > now:
+                break
+            self.completed.popitem(last=False)
         stale = [u for u in self.uploads.values() if u.created + self.config.upload_ttl <= now]
         for upload in stale[:limit]:
             self.drop(upload)

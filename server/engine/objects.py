@@ -17,6 +17,11 @@ Payload = Union[bytes, bytearray]
 # (the record with its slots, the sorted-index and LRU entries, the expiry-heap tuple). Measured with
 # tracemalloc by benchmarks/object_overhead.py (694 bytes measured; charged with headroom); see docs/architecture.md.
 OBJECT_OVERHEAD = 700
+# The same for what else a client can make a node hold (measured by benchmarks/object_overhead.py too): a
+# bucket (its record, sorted index, LRU list and counters), an upload in progress, one part of it.
+BUCKET_OVERHEAD = 2560
+UPLOAD_OVERHEAD = 1024
+PART_OVERHEAD = 256
 
 
 class StoredObject:
@@ -25,6 +30,7 @@ class StoredObject:
     __slots__ = (
         "bucket", "key", "data", "size", "etag", "xxh3", "created", "ttl", "expires_at", "pinned_until",
         "content_type", "headers", "user_meta", "checksums", "parts_count", "charge", "live", "tick", "tenant",
+        "readers",
     )
 
     def __init__(
@@ -62,6 +68,7 @@ class StoredObject:
         self.parts_count = parts_count
         self.charge = object_charge(key, data, headers, user_meta, checksums)
         self.live = True  # False once removed: stale heap entries and lingering readers check it
+        self.readers = 0  # responses sending this payload now: a removed object stays charged until they end
         self.tick = 0  # engine-wide access counter at the last write or read: compares recency across buckets
 
     def expired(self, now: float) -> bool:
@@ -121,6 +128,8 @@ class Bucket:
     objects: SortedDict[str, StoredObject] = field(default_factory=SortedDict)  # kept in key order
     lru: OrderedDict[StoredObject, None] = field(default_factory=OrderedDict)  # least recently used first
     stats: BucketStats = field(default_factory=BucketStats)
+    heads: set[str] = field(default_factory=set)  # eviction heaps that hold an entry for this bucket
+    charge: int = 0  # bytes the bucket itself counts against the budget and its owner's quota
 
     def policy(self) -> dict[str, object]:
         return {"default_ttl": self.default_ttl, "sliding_ttl": self.sliding_ttl, "quota": self.quota}
@@ -136,6 +145,8 @@ class Part:
     md5: bytes
     last_modified: float
     checksums: dict[str, str]
+
+    charge: int = 0  # bytes the part counts against the budget and its owner's quota
 
     @property
     def size(self) -> int:
@@ -158,6 +169,26 @@ class Upload:
     checksum_algorithm: str | None = None
     parts: dict[int, Part] = field(default_factory=dict)
     charged: int = 0  # bytes of parts counted in the engine's used total
+    charge: int = 0  # bytes the upload itself (not its parts) counts against the budget and its owner's quota
+
+    def metadata_bytes(self) -> int:
+        return len(self.key.encode()) + len(self.content_type) + sum(
+            len(k) + len(v) for d in (self.headers, self.user_meta) for k, v in d.items())
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What a completed multipart upload answered, kept a while so a retried CompleteMultipartUpload (SDKs
+    retry it after a timeout) gets the same answer instead of NoSuchUpload."""
+
+    upload_id: str
+    bucket: str
+    key: str
+    owner: str
+    etag: str
+    checksums: dict[str, str]
+    expires_at: float
+    completed: float
 
 
 def etag_matches(condition: str, etag: str) -> bool:

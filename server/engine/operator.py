@@ -49,7 +49,7 @@ class Operator:
         if quota is not None:
             bucket.quota = quota
             if quota:
-                self.store.evict_lru(lambda: bucket.stats.charged <= quota, [bucket], self.store.clock(), None)
+                self.store.evict_lru(lambda: bucket.stats.charged <= quota, bucket, self.store.clock(), None)
         return {"name": name, "policy": bucket.policy()}
 
     def set_tenant_quota(self, tenant: str, quota: int) -> None:
@@ -93,7 +93,7 @@ class Operator:
             now = self.store.clock()
             self.store.reap_expired(None)
             try:
-                self.store.evict_lru(lambda: self.budget.used <= budget, self.store.buckets.values(), now, None)
+                self.store.evict_lru(lambda: self.budget.used <= budget, None, now, None)
             except errors.InsufficientCapacity:
                 pass  # what is left is pinned or in flight: reported below
         return {"evicted": self.stats()["evictions"] - evicted_before,
@@ -119,6 +119,8 @@ class Operator:
             "reserved": budget.reserved,
             "parts_bytes": budget.parts,
             "pinned_bytes": budget.pinned,
+            "state_bytes": budget.state,
+            "sending_bytes": budget.sending,
             "uploads": len(self.multipart.uploads),
             "buckets": per_bucket,
         }

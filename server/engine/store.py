@@ -5,9 +5,10 @@ from the same event loop: a conditional write is checked and applied in one step
 half an object.
 
 Making room evicts expired objects first (an expiry heap, O(log n) per object), then the least recently used
-unpinned ones. Each bucket keeps its own LRU list; choosing a victim compares the heads of the lists that
-apply (all buckets for the node budget, one for a bucket quota, the tenant's for a tenant quota), so it costs
-O(buckets) per victim, and a write evicts only what it needs.
+unpinned ones. Each bucket keeps its own LRU list, and heaps of the buckets' LRU heads (one for the node, one
+per tenant) give the oldest head of the lists that apply (all buckets for the node budget, the tenant's for a
+tenant quota, one list for a bucket quota) in O(log buckets), so a write evicts only what it needs and costs
+the same with four buckets or thousands.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from . import errors
 from .budget import Budget, Reservation
 from .config import EngineConfig
 from .objects import OBJECT_OVERHEAD, Bucket, Payload, StoredObject, etag_matches
+
+Scope = Bucket | str | None  # what an eviction may take from: one bucket, a tenant's buckets, or every bucket
+_NODE = ""  # the eviction heap of every bucket (tenant names are never empty)
+NODE_STATE = ""  # the "tenant" the buckets' own records are charged to: the node's, no one's quota
 
 # Shared by every object without metadata of a kind: three empty dicts per object would cost ~200 bytes.
 _EMPTY: dict[str, str] = MappingProxyType({})  # type: ignore[assignment]
@@ -49,6 +54,10 @@ class ObjectStore:
         self._expiry: list[tuple[float, int, str, str]] = []
         self._pins: list[tuple[float, int, str, str]] = []  # pin ends
         self._seq = itertools.count()
+        # Heaps of (head tick, seq, bucket) per scope (_NODE or a tenant): each bucket with objects has one entry
+        # in each heap that covers it, whose tick is at most its LRU head's (ticks only grow), fixed up lazily.
+        self._heads: dict[str, list[tuple[int, int, Bucket]]] = {_NODE: []}
+        self.count: dict[str, int] = {_NODE: 0}  # live objects per scope (_NODE or a tenant)
         self.on_store: list[StoreListener] = []
         self.on_remove: list[RemovalListener] = []
 
@@ -61,7 +70,15 @@ class ObjectStore:
             if bucket.owner != tenant:
                 raise errors.BucketAlreadyExists(bucket=name)
             return False
-        self.buckets[name] = Bucket(name=name, owner=tenant, created=self.clock())
+        owned = sum(1 for b in self.buckets.values() if b.owner == tenant)
+        if owned >= self.config.max_buckets_per_tenant:
+            raise errors.TooManyBuckets(f"a tenant may own at most {self.config.max_buckets_per_tenant} buckets")
+        bucket = Bucket(name=name, owner=tenant, created=self.clock(),
+                        charge=self.config.bucket_overhead)
+        # A bucket counts against the node's budget, not its owner's quota: buckets are capped per tenant.
+        self.make_room(bucket.charge)
+        self.budget.charge(NODE_STATE, bucket.charge, "state")
+        self.buckets[name] = bucket
         return True
 
     def bucket(self, tenant: str, name: str) -> Bucket:
@@ -92,20 +109,68 @@ class ObjectStore:
         for obj in list(bucket.objects.values()):
             self._remove(obj, "expired")
         del self.buckets[name]
+        self.budget.charge(NODE_STATE, -bucket.charge, "state")
         return bucket
 
     # ------------------------------------------------------------------ capacity
 
-    def reserve(self, nbytes: int) -> Reservation:
-        """Set aside room for an object of ``nbytes`` payload before its body is read.
+    def reserve(self, tenant: str, bucket_name: str, nbytes: int | None,
+                fixed: int = OBJECT_OVERHEAD, *, key: str | None = None, same_request: bool = False) -> Reservation:
+        """Open a reservation for an object (or part) of ``nbytes`` payload (None: not known until it has all
+        arrived), charged ``fixed`` more, before its body is read. What could never be stored is refused now
+        (EntityTooLarge: over the object size, the budget, the bucket's or the tenant's quota); the reservation
+        holds budget only as the body arrives (:meth:`Reservation.grow`), making room within what the tenant
+        may use. ``key``: the object it will replace, whose bytes count as free (replacing a block at the quota
+        evicts nothing else)."""
+        bucket = self.check_fits(tenant, bucket_name, nbytes or 0, fixed)
+        largest = self.config.max_object_size
 
-        Raises InsufficientCapacity when eviction cannot make room (everything left pinned or in flight)
-        and EntityTooLarge when the object could never fit."""
+        def room(reservation: Reservation, more: int) -> None:
+            self._make_reserved_room(bucket, key, more)
+
+        cap = None if nbytes is not None else min(largest + fixed, self.budget.limit)
+        return self.budget.open(tenant, nbytes or 0, fixed, room, cap=cap, same_request=same_request)
+
+    def check_fits(self, tenant: str, bucket_name: str, nbytes: int, fixed: int = OBJECT_OVERHEAD) -> Bucket:
+        """EntityTooLarge unless an object of ``nbytes`` payload (charged ``fixed`` more) could be stored: under
+        the object size limit, the budget, the bucket's and the tenant's quotas. Returns the bucket."""
         if nbytes > self.config.max_object_size:
             raise errors.EntityTooLarge(f"object of {nbytes} bytes exceeds the maximum {self.config.max_object_size}")
-        charge = nbytes + OBJECT_OVERHEAD
-        self.make_room(charge)
-        return self.budget.hold(charge)
+        bucket = self.bucket(tenant, bucket_name)
+        charge = nbytes + fixed
+        if charge > self.budget.limit:
+            raise errors.EntityTooLarge(f"{charge} bytes cannot fit in a budget of {self.budget.limit}")
+        self._check_quotas(bucket, charge)
+        return bucket
+
+    def _check_quotas(self, bucket: Bucket, charge: int) -> None:
+        quota, _ = self.budget.tenant_usage(bucket.owner)
+        if bucket.quota and charge > bucket.quota:
+            raise errors.EntityTooLarge(f"{charge} bytes exceed the bucket quota of {bucket.quota}")
+        if quota and charge > quota:
+            raise errors.EntityTooLarge(f"{charge} bytes exceed the tenant quota of {quota}")
+
+    def _make_reserved_room(self, bucket: Bucket, key: str | None, more: int) -> None:
+        """Room for ``more`` bytes of a body in flight: within the tenant's quota (evicting its own objects),
+        then within the node's budget; the live object at ``key`` (the one it replaces) counts as free."""
+        now = self.clock()
+        old = bucket.objects.get(key) if key is not None else None
+        replacing = old if old is not None and not old.expired(now) else None
+        credit = replacing.charge if replacing is not None else 0
+        quota, _ = self.budget.tenant_usage(bucket.owner)
+        if quota:
+            self.evict_within_tenant(bucket.owner, quota, now, more - credit, replacing)
+        self.make_room(more, replacing=replacing)
+
+    def make_state_room(self, tenant: str, need: int) -> None:
+        """Room for ``need`` bytes of a tenant's unevictable state (a bucket, an upload, a part): within its
+        quota (evicting its own objects), then within the node's budget."""
+        quota, _ = self.budget.tenant_usage(tenant)
+        if quota:
+            if need > quota:
+                raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
+            self.evict_within_tenant(tenant, quota, self.clock(), need)
+        self.make_room(need)
 
     def make_room(self, need: int, replacing: StoredObject | None = None) -> None:
         """Evict until ``need`` more bytes fit in the budget.
@@ -127,27 +192,21 @@ class ObjectStore:
             evictable -= credit
         if budget.used - credit - evictable + need > budget.limit:
             raise errors.InsufficientCapacity("everything left in the budget is pinned or being written")
-        self.evict_lru(lambda: budget.fits(need, credit), self.buckets.values(), now, replacing)
+        self.evict_lru(lambda: budget.fits(need, credit), None, now, replacing)
 
-    def evict_lru(self, fits: Callable[[], bool], buckets: Iterable[Bucket], now: float,
+    def evict_lru(self, fits: Callable[[], bool], scope: Scope, now: float,
                   spare: StoredObject | None = None) -> None:
-        """Evict least recently used objects of ``buckets`` until ``fits()``, never a pinned one (nor ``spare``).
+        """Evict least recently used objects of ``scope`` until ``fits()``, never a pinned one (nor ``spare``).
 
-        Each bucket keeps its own LRU list; the victim is the oldest head across them (objects carry an
-        engine-wide access tick), so quotas can evict within a bucket or a tenant with the same mechanism."""
-        candidates = list(buckets)
+        ``scope``: a bucket (its own LRU list), a tenant name (its buckets) or None (every bucket). Objects
+        carry an engine-wide access tick, so the oldest head across several lists is the scope's LRU object."""
         stepped_over = 0
-        limit = min(self.config.max_pinned_scan, sum(len(b.lru) for b in candidates))
+        limit = min(self.config.max_pinned_scan, self._count(scope))
         while not fits():
-            victim: StoredObject | None = None
-            home: Bucket | None = None
-            for bucket in candidates:
-                if bucket.lru:
-                    head = next(iter(bucket.lru))
-                    if victim is None or head.tick < victim.tick:
-                        victim, home = head, bucket
-            if victim is None or home is None:
+            found = self._oldest(scope)
+            if found is None:
                 raise errors.InsufficientCapacity("nothing left to evict")
+            victim, home = found
             if victim.pinned(now) or victim is spare:
                 # Step over it: it goes to its list's recent end and is revisited only after everything else.
                 home.lru.move_to_end(victim)
@@ -157,6 +216,37 @@ class ObjectStore:
                     raise errors.InsufficientCapacity("everything left to evict is pinned")
                 continue
             self._remove(victim, "evicted")
+
+    def _count(self, scope: Scope) -> int:
+        if isinstance(scope, Bucket):
+            return len(scope.lru)
+        return self.count.get(_NODE if scope is None else scope, 0)
+
+    def _oldest(self, scope: Scope) -> tuple[StoredObject, Bucket] | None:
+        """The least recently used object of ``scope`` and its bucket, or None if the scope holds none."""
+        if isinstance(scope, Bucket):
+            return (next(iter(scope.lru)), scope) if scope.lru else None
+        name = _NODE if scope is None else scope
+        heap = self._heads.get(name)
+        while heap:
+            tick, _, bucket = heap[0]
+            if not bucket.lru or self.buckets.get(bucket.name) is not bucket:  # emptied, or deleted
+                heapq.heappop(heap)
+                bucket.heads.discard(name)
+                continue
+            head = next(iter(bucket.lru))
+            if head.tick != tick:  # the head moved on (read, evicted, stepped over): fix the entry, look again
+                heapq.heapreplace(heap, (head.tick, next(self._seq), bucket))
+                continue
+            return head, bucket
+        return None
+
+    def _enter_heads(self, bucket: Bucket, tick: int) -> None:
+        """A bucket that holds objects again gets an entry in the node's heap and its owner's."""
+        for name in (_NODE, bucket.owner):
+            if name not in bucket.heads:
+                heapq.heappush(self._heads.setdefault(name, []), (tick, next(self._seq), bucket))
+                bucket.heads.add(name)
 
     def reap_expired(self, limit: int | None) -> int:
         """Drop up to ``limit`` expired objects (all of them for None); returns how many."""
@@ -223,14 +313,15 @@ class ObjectStore:
         user_meta: dict[str, str] | None = None,
         checksums: dict[str, str] | None = None,
         parts_count: int = 0,
-        if_none_match: bool = False,
+        if_none_match: bool | str = False,
         if_match: str | None = None,
         reservation: Reservation | None = None,
         xxh3: int | None = None,
     ) -> StoredObject:
         """Commit a whole object atomically. ``data`` must not be mutated afterwards.
 
-        ``if_none_match``: fail if a live object exists. ``if_match``: replace only that ETag (missing → NoSuchKey).
+        ``if_none_match``: True or ``*``: fail if a live object exists; ETags: fail if the live object has one
+        of them. ``if_match``: replace only that ETag (missing → NoSuchKey).
         ``xxh3``: the payload's XXH3-64 if the caller already computed it."""
         if reservation is not None:
             reservation.release()  # first: a put that fails must not keep the budget
@@ -269,23 +360,23 @@ class ObjectStore:
         if quota and need > quota:
             raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
         if bucket.quota:
-            self.evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, [bucket], now, replacing)
+            self.evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, bucket, now, replacing)
         if quota:
             self.evict_within_tenant(bucket.owner, quota, now, need - credit, replacing)
 
     def evict_within_tenant(self, tenant: str, quota: int, now: float, need: int = 0,
                             spare: StoredObject | None = None) -> None:
-        """Evict the tenant's own LRU objects until its charge plus ``need`` fits its quota."""
-        owned = [b for b in self.buckets.values() if b.owner == tenant]
-        self.evict_lru(lambda: self.budget.tenant_usage(tenant)[1] + need <= quota, owned, now, spare)
+        """Evict the tenant's own LRU objects until what it holds plus ``need`` fits its quota."""
+        self.evict_lru(lambda: self.budget.tenant_usage(tenant)[1] + need <= quota, tenant, now, spare)
 
     def check_conditions(
-        self, bucket: Bucket, key: str, now: float, if_none_match: bool, if_match: str | None
+        self, bucket: Bucket, key: str, now: float, if_none_match: bool | str, if_match: str | None
     ) -> None:
         current = bucket.objects.get(key)
         if current is not None and current.expired(now):
             current = None
-        if if_none_match and current is not None:
+        if if_none_match and current is not None and (
+                if_none_match is True or etag_matches(str(if_none_match), current.etag)):
             raise errors.PreconditionFailed("the key already exists", bucket=bucket.name, key=key)
         if if_match is not None:
             if current is None:
@@ -296,9 +387,14 @@ class ObjectStore:
     def _insert(self, bucket: Bucket, obj: StoredObject) -> None:
         bucket.objects[obj.key] = obj
         obj.tick = next(self._ticks)
+        was_empty = not bucket.lru
         bucket.lru[obj] = None
+        if was_empty:
+            self._enter_heads(bucket, obj.tick)
         heapq.heappush(self._expiry, (obj.expires_at, next(self._seq), obj.bucket, obj.key))
-        self.budget.charge_object(bucket.owner, obj.charge)
+        self.budget.charge(bucket.owner, obj.charge)
+        self.count[_NODE] += 1
+        self.count[bucket.owner] = self.count.get(bucket.owner, 0) + 1
         bucket.stats.objects += 1
         bucket.stats.bytes += obj.size
         bucket.stats.charged += obj.charge
@@ -320,6 +416,8 @@ class ObjectStore:
             stats.bytes -= obj.size
             stats.charged -= obj.charge
             bucket.lru.pop(obj, None)
+            self.count[_NODE] -= 1
+            self.count[obj.tenant] -= 1
             if obj.pinned_until:
                 stats.pinned_bytes -= obj.charge
             if reason == "evicted":
@@ -328,12 +426,33 @@ class ObjectStore:
                 stats.expirations += 1
             elif reason == "deleted":
                 stats.deletes += 1
-        self.budget.uncharge_object(obj.tenant, obj.charge)
+        self.budget.charge(obj.tenant, -obj.charge)
+        if obj.readers:  # still being sent: its payload stays in memory, so its bytes stay counted until then
+            self.budget.used += obj.charge
+            self.budget.sending += obj.charge
         if obj.pinned_until:  # counted until drained, even once ended
             self.budget.pinned -= obj.charge
         obj.pinned_until = 0.0
         for listener in self.on_remove:
             listener(obj, reason)
+
+    def lease(self, obj: StoredObject) -> Callable[[], None]:
+        """Count a response sending ``obj``'s payload; call what this returns when the send has ended. An object
+        removed meanwhile (replaced, evicted) stays counted against the budget until its last send ends."""
+        obj.readers += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            obj.readers -= 1
+            if not obj.readers and not obj.live:
+                self.budget.used -= obj.charge
+                self.budget.sending -= obj.charge
+
+        return release
 
     def get(self, tenant: str, bucket_name: str, key: str, *, record: bool = True) -> StoredObject:
         """The live object at ``key``. ``record``: count a hit or miss, mark it recently used, slide its TTL."""

@@ -40,10 +40,11 @@ class Request:
 
     __slots__ = (
         "scope", "receive", "method", "raw_path", "query_string", "query", "headers", "request_id",
-        "body_started", "body_done", "body_timeout",
+        "body_started", "body_done", "body_timeout", "min_body_rate",
     )
 
-    def __init__(self, scope: Scope, receive: Receive, body_timeout: float = 30.0) -> None:
+    def __init__(self, scope: Scope, receive: Receive, body_timeout: float = 30.0,
+                 min_body_rate: int = 64 << 10) -> None:
         self.scope = scope
         self.receive = receive
         self.method: str = scope["method"]
@@ -61,19 +62,24 @@ class Request:
         self.body_started = False
         self.body_done = False
         self.body_timeout = body_timeout
+        self.min_body_rate = min_body_rate  # bytes per second, measured over each body_timeout
 
     def header(self, name: str, default: str | None = None) -> str | None:
         return self.headers.get(name, default)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """Yield the body as it arrives. Raises ClientDisconnected, or BodyTimeout after a stall."""
+        """Yield the body as it arrives. Raises ClientDisconnected, or BodyTimeout after a stall or when, over
+        a whole body_timeout, less than min_body_rate bytes per second arrived (a trickle that would hold its
+        reservation for ever)."""
         self.body_started = True
         loop = asyncio.get_running_loop()
         # Moving the deadline costs a timer cancel and re-arm (8 % of a 1 MiB PUT when done per chunk), so it is
         # moved only once a quarter of the timeout has passed: a stall fails after 3/4 to 1 body_timeout.
         slack = self.body_timeout / 4
+        required = self.min_body_rate * self.body_timeout
         async with asyncio.timeout(self.body_timeout) as deadline:
-            moved = loop.time()
+            moved = window = loop.time()
+            window_bytes = 0
             while True:
                 message = await self.receive()
                 if message["type"] == "http.disconnect":
@@ -87,6 +93,11 @@ class Request:
                 if not more:
                     return
                 now = loop.time()
+                window_bytes += len(body)
+                if now - window >= self.body_timeout:
+                    if window_bytes < required:
+                        raise BodyTimeout()
+                    window, window_bytes = now, 0
                 if now - moved > slack:
                     deadline.reschedule(now + self.body_timeout)
                     moved = now

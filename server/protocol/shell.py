@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +35,7 @@ class Reply:
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: Buffer | Sequence[Buffer] = b""
     content_length: int | None = None  # HEAD: the length of the body a GET would send
+    after: list[Callable[[], None]] = field(default_factory=list)  # called once the body was sent (or not)
 
 
 class Service(Protocol):
@@ -48,10 +49,18 @@ class Service(Protocol):
     def error_reply(self, req: Request, exc: Exception) -> Reply: ...
 
 
-async def serve(service: Service, metrics: RequestMetrics, body_timeout: float,
+@dataclass(frozen=True)
+class BodyLimits:
+    """How long a request body may stall, and how slowly it may arrive."""
+
+    timeout: float = 30.0
+    min_rate: int = 64 << 10  # bytes per second, measured over each timeout
+
+
+async def serve(service: Service, metrics: RequestMetrics, limits: BodyLimits,
                 scope: Scope, receive: Receive, send: Send) -> None:
     """Answer one request with ``service``."""
-    req = Request(scope, receive, body_timeout)
+    req = Request(scope, receive, limits.timeout, limits.min_rate)
     started = time.perf_counter()
     stalled = False
     try:
@@ -72,8 +81,12 @@ async def serve(service: Service, metrics: RequestMetrics, body_timeout: float,
     if stalled or must_close(req):
         reply.headers.append(("connection", "close"))
     head = req.method == "HEAD"
-    sent = await send_response(send, reply.status, reply.headers, reply.body, head=head,
-                               content_length=reply.content_length)
+    try:
+        sent = await send_response(send, reply.status, reply.headers, reply.body, head=head,
+                                   content_length=reply.content_length)
+    finally:
+        for done in reply.after:  # e.g. the leases of the payloads being sent: they may be freed now
+            done()
     metrics.observe_request(service.api, req, reply.status, started, sent)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s %s %s -> %d in %.2f ms", service.api, req.method, req.raw_path, reply.status,

@@ -8,7 +8,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass, field
 
-from ..engine import Engine, Reservation
+from ..engine import Reservation
 from ..protocol.asgi import BodyTimeout, Request, ascii_int
 from ..protocol.auth import AuthContext
 from ..protocol.chunked import AwsChunkedDecoder
@@ -28,12 +28,16 @@ class UploadBody:
     reservation: Reservation | None = None
 
 
-def declared_length(req: Request, auth: AuthContext, max_size: int) -> int:
-    """The decoded body length the client announced; checked before a byte of it is read."""
+def declared_length(req: Request, auth: AuthContext, max_size: int) -> int | None:
+    """The decoded body length the client announced, checked before a byte of it is read; None for a plain
+    ``Transfer-Encoding: chunked`` body without one (accepted within the object size limit, as RGW and MinIO
+    do)."""
     streaming = auth.payload.startswith("streaming")
     name = "x-amz-decoded-content-length" if streaming else "content-length"
     raw = req.headers.get(name)
     if raw is None:
+        if not streaming and "chunked" in req.headers.get("transfer-encoding", "").lower():
+            return None
         raise S3Error("MissingContentLength", f"You must provide the {name} HTTP header.")
     length = ascii_int(raw)
     if length is None:
@@ -44,8 +48,12 @@ def declared_length(req: Request, auth: AuthContext, max_size: int) -> int:
     return length
 
 
-async def read_upload(req: Request, auth: AuthContext, engine: Engine, max_size: int) -> UploadBody:
-    """Reserve room, read the whole body into one buffer, verify it. Raises S3Error; stores nothing."""
+async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) -> UploadBody:
+    """Open a reservation, read the whole body into one buffer (the reservation growing as it arrives),
+    verify it. ``fixed``: the bytes the stored object or part is charged beyond its payload; ``replaces``: the
+    key of the object it will replace. Raises S3Error; stores nothing."""
+    req, auth = call.req, call.auth
+    max_size = call.settings.max_object_size
     length = declared_length(req, auth, max_size)
     content_md5 = req.headers.get("content-md5")
     expected_md5 = parse_content_md5(content_md5) if content_md5 is not None else None
@@ -60,19 +68,25 @@ async def read_upload(req: Request, auth: AuthContext, engine: Engine, max_size:
     decoder = (AwsChunkedDecoder(signer=auth.chunk_signer, expect_trailer=auth.payload.endswith("trailer"))
                if streaming else None)
 
-    reservation = engine.reserve(length)
+    reservation = call.engine.reserve(call.tenant, call.bucket_name, length, fixed, key=replaces)
     try:
-        data = bytearray(length)
-        view = memoryview(data)
+        # A known length: one buffer of that size, filled in place. Unknown: a buffer that grows (its size
+        # bounded by the reservation, which refuses what passes the object size limit).
+        data = bytearray(length) if length is not None else bytearray()
+        view = memoryview(data) if length is not None else None
         pos = 0
         try:
             async for chunk in req.chunks():
                 pieces = decoder.feed(chunk) if decoder is not None else (chunk,)
                 for piece in pieces:
                     end = pos + len(piece)
-                    if end > length:
+                    if length is not None and end > length:
                         raise S3Error("IncompleteBody", "The body is longer than the declared length.")
-                    view[pos:end] = piece
+                    reservation.grow(end)
+                    if view is not None:
+                        view[pos:end] = piece
+                    else:
+                        data += piece
                     md5.update(piece)
                     payload_hash.update(piece)
                     for hasher in hashers.values():
@@ -81,7 +95,7 @@ async def read_upload(req: Request, auth: AuthContext, engine: Engine, max_size:
         except TimeoutError:
             raise BodyTimeout() from None
         trailers = decoder.finish() if decoder is not None else {}
-        if pos != length:
+        if length is not None and pos != length:
             raise S3Error("IncompleteBody")
         digest = md5.digest()
         if expected_md5 is not None and not hmac.compare_digest(expected_md5, digest):

@@ -48,7 +48,7 @@ async def upload_part(call: Call) -> Reply:
     upload_id = call.req.query["uploadId"]
     engine = call.engine
     engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)  # fail before reading the body
-    body = await read_upload(call.req, call.auth, engine, call.settings.max_object_size)
+    body = await read_upload(call, call.engine.config.part_overhead)
     part = engine.put_part(
         call.tenant, call.bucket_name, call.object_key, upload_id, number, body.data, md5=body.md5,
         checksums=body.checksums, reservation=body.reservation,
@@ -73,7 +73,9 @@ def _composite_checksums(call: Call, upload_id: str, numbers: list[int]) -> dict
 
 async def complete_multipart_upload(call: Call) -> Reply:
     upload_id = call.req.query["uploadId"]
-    call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)
+    done = call.engine.completion(call.tenant, call.bucket_name, call.object_key, upload_id)
+    if done is None:
+        call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)  # NoSuchUpload early
     root = parse(await read_xml(call))
     if root.tag != "CompleteMultipartUpload":
         raise S3Error("MalformedXML")
@@ -86,7 +88,7 @@ async def complete_multipart_upload(call: Call) -> Reply:
     if not parts:
         raise S3Error("MalformedXML", "You must specify at least one part.")
     if_none_match, if_match = write_conditions(call.req.headers)
-    checksums = _composite_checksums(call, upload_id, [n for n, _ in parts])
+    checksums = {} if done is not None else _composite_checksums(call, upload_id, [n for n, _ in parts])
     obj = call.engine.complete_upload(
         call.tenant, call.bucket_name, call.object_key, upload_id, parts,
         if_none_match=if_none_match, if_match=if_match, checksums=checksums,

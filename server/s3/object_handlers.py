@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-from ..engine import StoredObject
+from ..engine import OBJECT_OVERHEAD, StoredObject
 from ..protocol.shell import Reply
 from .body import md5_etag, read_upload
 from .call import Call, xml_response
@@ -24,12 +24,10 @@ from .target import MAX_KEY_BYTES
 from .xml import document, iso8601
 
 
-def write_conditions(headers: dict[str, str]) -> tuple[bool, str | None]:
-    """Conditional write headers: ``If-None-Match: *`` (only ``*`` is allowed) and ``If-Match``."""
-    if_none_match = headers.get("if-none-match")
-    if if_none_match is not None and if_none_match.strip() != "*":
-        raise S3Error("NotImplemented", "If-None-Match on writes only supports '*'.")
-    return if_none_match is not None, headers.get("if-match")
+def write_conditions(headers: dict[str, str]) -> tuple[str | bool, str | None]:
+    """Conditional write headers: ``If-None-Match`` (``*``: no live object may exist; ETags: the live object
+    must have none of them) and ``If-Match`` (the live object must have one of these ETags)."""
+    return headers.get("if-none-match") or False, headers.get("if-match")
 
 
 def _checksum_mode(call: Call) -> bool:
@@ -43,7 +41,7 @@ async def put_object(call: Call) -> Reply:
     if_none_match, if_match = write_conditions(req.headers)
     engine = call.engine
     engine.bucket(call.tenant, call.bucket_name)  # fail before reading the body
-    body = await read_upload(req, call.auth, engine, call.settings.max_object_size)
+    body = await read_upload(call, OBJECT_OVERHEAD, replaces=call.object_key)
     obj = engine.put(
         call.tenant, call.bucket_name, call.object_key, body.data, etag=md5_etag(body.md5), ttl=ttl,
         content_type=content_type, headers=stored, user_meta=user_meta, checksums=body.checksums,
@@ -82,7 +80,8 @@ def _read(call: Call, *, head: bool) -> Reply:
         return Reply(status, headers, content_length=end - start)
     engine.record_read(obj, end - start)
     body = memoryview(obj.data)[start:end] if (start, end) != (0, obj.size) else obj.data
-    return Reply(status, headers, body)
+    # Until the send ends the payload stays in memory, replaced or not: it stays counted against the budget.
+    return Reply(status, headers, body, after=[engine.lease(obj)])
 
 
 async def delete_object(call: Call) -> Reply:

@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Mapping
 
-from ..engine import StoredObject, etag_matches
+from ..engine import Completion, StoredObject, etag_matches
 from ..protocol.asgi import ascii_int
 from ..settings import parse_duration
 from .errors import S3Error
@@ -78,7 +78,7 @@ def http_date(ts: float) -> str:
     return email.utils.formatdate(int(ts), usegmt=True)
 
 
-def expires_at_header(obj: StoredObject) -> str:
+def expires_at_header(obj: StoredObject | Completion) -> str:
     return f"{obj.expires_at:.3f}"
 
 

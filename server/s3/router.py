@@ -142,7 +142,8 @@ def markdown() -> str:
         "bucket's default, else the server's, capped by `--max-ttl`. Responses carry `x-ctx-expires-at` "
         "(Unix seconds) and `x-ctx-xxh3` (the server's XXH3-64 of the payload, hex).",
         "- No versioning: ListObjectVersions lists each object once as version `null`.",
-        "- Conditional writes: `If-None-Match` only takes `*`; `If-Match` compares ETags; both are evaluated "
+        "- Conditional writes: `If-None-Match: *` (no live object) or `If-None-Match: <etag>` (not that version) "
+        "and `If-Match: <etag>` answer `412 PreconditionFailed` when they fail; both are evaluated "
         "atomically with the write (PutObject, CopyObject, CompleteMultipartUpload).",
         "- When the byte budget is full of pinned blocks or uploads in flight, writes answer `503 SlowDown` with "
         "`Retry-After`.",

@@ -344,7 +344,8 @@ def test_choosing_eviction_victims_does_not_scan_every_bucket(tmp_path_factory: 
     spent: dict[int, float] = {}
     evicted: dict[int, int] = {}
     for n_buckets in (4, 1000):
-        node = start_probed_node(tmp_path_factory.mktemp(f"adv-evict-{n_buckets}"), "--memory", "40MiB")
+        node = start_probed_node(tmp_path_factory.mktemp(f"adv-evict-{n_buckets}"), "--memory", "40MiB",
+                                 "--max-buckets-per-tenant", "5000")
         try:
             fill(node, n_buckets, objects // n_buckets, size)
             assert Admin(node).stats()["evictions"] == 0

@@ -12,6 +12,7 @@ tenant's 50; without quotas one header-only request emptied a node).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import select
 import socket
@@ -113,10 +114,22 @@ def early_answer(sock: socket.socket, within: float) -> bytes:
     ready, _, _ = select.select([sock], [], [], within)
     if not ready:
         return b""
+    answer = b""
     try:
-        return sock.recv(65536)
+        # The whole answer: the status line may come before the error body does.
+        while ready:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+            head, sep, body = answer.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            if sep and length and len(body) >= int(length.group(1)):
+                break
+            ready, _, _ = select.select([sock], [], [], within)
     except OSError:
-        return b""
+        pass
+    return answer
 
 
 # ---------------------------------------------------------------------------- #4: capacity isolation

@@ -67,8 +67,11 @@ def clock() -> FakeClock:
 
 
 def make_engine(clock: FakeClock, **config: object) -> Engine:
+    # Buckets, uploads and parts cost nothing beyond their bytes here, so the arithmetic below stays about
+    # objects; test_state_is_charged covers those charges.
     cfg = {"budget": 5000, "default_ttl": 100.0, "max_ttl": 1000.0, "max_pin": 300.0,
-           "max_object_size": 4000, "min_part_size": 10, "upload_ttl": 500.0}
+           "max_object_size": 4000, "min_part_size": 10, "upload_ttl": 500.0,
+           "bucket_overhead": 0, "upload_overhead": 0, "part_overhead": 0}
     cfg.update(config)
     engine = Engine(EngineConfig(**cfg), clock=clock)  # type: ignore[arg-type]
     engine.create_bucket(T, B)
@@ -79,6 +82,13 @@ def put(engine: Engine, key: str, data: bytes | None = None, bucket: str = B, te
         **kw: object) -> StoredObject:
     data = payload(key) if data is None else data
     return engine.put(tenant, bucket, key, data, etag=md5_etag(data), **kw)  # type: ignore[arg-type]
+
+
+def reserve(engine: Engine, nbytes: int, bucket: str = B, tenant: str = T) -> Reservation:
+    """A reservation whose whole body has arrived (it holds the full charge)."""
+    reservation = engine.reserve(tenant, bucket, nbytes)
+    reservation.grow_all()
+    return reservation
 
 
 def keys_of(engine: Engine, bucket: str = B, tenant: str = T) -> list[str]:
@@ -92,12 +102,14 @@ def stored(engine: Engine) -> list[StoredObject]:
 def check_accounting(engine: Engine) -> None:
     """The engine's counters agree with what it holds. Does not drain pins (see check_pins)."""
     objs = stored(engine)
-    parts = sum(p.size for u in engine.multipart.uploads.values() for p in u.parts.values())
+    uploads = engine.multipart.uploads.values()
+    parts = sum(p.charge for u in uploads for p in u.parts.values())
     assert all(o.live for o in objs)
     assert engine.parts_bytes == parts
-    assert all(u.charged == sum(p.size for p in u.parts.values()) for u in engine.multipart.uploads.values())
+    assert all(u.charged == sum(p.charge for p in u.parts.values()) for u in uploads)
+    assert engine.state_bytes == sum(b.charge for b in engine.store.buckets.values()) + sum(u.charge for u in uploads)
     assert engine.reserved >= 0
-    assert engine.used == sum(o.charge for o in objs) + parts + engine.reserved
+    assert engine.used == sum(o.charge for o in objs) + parts + engine.state_bytes + engine.reserved
     assert engine.used <= engine.config.budget
     for bucket in engine.store.buckets.values():
         assert bucket.stats.objects == len(bucket.objects)
@@ -145,13 +157,16 @@ def test_fill_exactly_to_budget_then_evict_only_what_is_needed(clock: FakeClock)
     check_accounting(engine)
 
 
-def test_reserve_makes_room_before_the_body_and_put_consumes_it(clock: FakeClock) -> None:
+def test_reserve_makes_room_as_the_body_arrives_and_put_consumes_it(clock: FakeClock) -> None:
     engine = make_engine(clock)
     rec = Recorder(engine)
     for i in range(5):
         put(engine, f"k{i}")
-    reservation = engine.reserve(SIZE)
-    # Room is made at reservation time, not at commit time.
+    reservation = engine.reserve(T, B, SIZE)
+    # Opened, it holds nothing: a request that sends no body makes nothing be evicted.
+    assert reservation.nbytes == 0 and engine.reserved == 0 and rec.reasons() == []
+    reservation.grow(1)  # the first bytes: the fixed charge and one growth step (the whole object, here)
+    # Room is made as the body arrives, not at commit time.
     assert rec.reasons() == [("evicted", "k0")]
     assert reservation.nbytes == SIZE + OBJECT_OVERHEAD
     assert engine.reserved == SIZE + OBJECT_OVERHEAD
@@ -170,7 +185,7 @@ def test_reservation_released_on_failure_returns_the_budget(clock: FakeClock) ->
     put(engine, "k0")
     before = engine.used
     with pytest.raises(RuntimeError):
-        with engine.reserve(2000) as reservation:
+        with reserve(engine, 2000) as reservation:
             assert engine.used == before + 2000 + OBJECT_OVERHEAD
             raise RuntimeError("client went away")
     assert engine.used == before and engine.reserved == 0
@@ -181,7 +196,7 @@ def test_reservation_released_on_failure_returns_the_budget(clock: FakeClock) ->
 
 def test_reservations_count_against_the_budget(clock: FakeClock) -> None:
     engine = make_engine(clock)
-    r1 = engine.reserve(4200 - OBJECT_OVERHEAD)
+    r1 = reserve(engine, 4200 - OBJECT_OVERHEAD)
     with pytest.raises(errors.InsufficientCapacity) as exc:
         put(engine, "k0")  # charged 1000, only 800 left and nothing to evict
     assert exc.value.retry_after > 0
@@ -199,12 +214,12 @@ def test_failed_put_releases_its_reservation(clock: FakeClock) -> None:
     for kwargs, exc in [({"if_none_match": True}, errors.PreconditionFailed),
                         ({"if_match": '"nope"'}, errors.PreconditionFailed),
                         ({"ttl": -1.0}, errors.InvalidArgument)]:
-        reservation = engine.reserve(SIZE)
+        reservation = reserve(engine, SIZE)
         with pytest.raises(exc):
             put(engine, "k0", payload("other"), reservation=reservation, **kwargs)
         assert reservation.nbytes == 0
         assert engine.reserved == 0 and engine.used == 1000
-    reservation = engine.reserve(SIZE)
+    reservation = reserve(engine, SIZE)
     with pytest.raises(errors.NoSuchKey):
         put(engine, "k1", reservation=reservation, if_match="*")
     assert engine.reserved == 0 and engine.used == 1000
@@ -214,13 +229,13 @@ def test_failed_put_releases_its_reservation(clock: FakeClock) -> None:
 def test_failed_put_part_releases_its_reservation(clock: FakeClock) -> None:
     engine = make_engine(clock)
     upload = engine.create_upload(T, B, "mp", ttl=None, content_type="x", headers={}, user_meta={})
-    reservation = engine.reserve(100)
+    reservation = reserve(engine, 100)
     with pytest.raises(errors.InvalidArgument):
         engine.put_part(T, B, "mp", upload.upload_id, 0, b"x" * 100, md5=hashlib.md5(b"x" * 100).digest(),
                         checksums={}, reservation=reservation)
-    assert engine.reserved == 0 and engine.used == 0
+    assert engine.reserved == 0 and engine.used == engine.state_bytes
     # The upload is aborted while the part's body is still being read.
-    reservation = engine.reserve(100)
+    reservation = reserve(engine, 100)
     engine.abort_upload(T, B, "mp", upload.upload_id)
     with pytest.raises(errors.NoSuchUpload):
         engine.put_part(T, B, "mp", upload.upload_id, 1, b"x" * 100, md5=hashlib.md5(b"x" * 100).digest(),
@@ -235,10 +250,10 @@ def test_entity_too_large(clock: FakeClock) -> None:
         put(engine, f"k{i}")
     before = engine.used
     with pytest.raises(errors.EntityTooLarge):
-        engine.reserve(4001)  # over max_object_size
+        reserve(engine, 4001)  # over max_object_size
     small_budget = make_engine(FakeClock(), budget=1000, max_object_size=4000)
     with pytest.raises(errors.EntityTooLarge):
-        small_budget.reserve(1000 - OBJECT_OVERHEAD + 1)  # fits max size, never fits the budget
+        reserve(small_budget, 1000 - OBJECT_OVERHEAD + 1)  # fits max size, never fits the budget
     with pytest.raises(errors.EntityTooLarge):
         put(engine, "big", b"x" * 5000)  # bigger than the whole budget
     # Nothing was evicted to make room for something that can never fit.
@@ -257,7 +272,7 @@ def test_insufficient_capacity_only_when_everything_left_is_pinned(clock: FakeCl
         put(engine, "k5")
     assert exc.value.retry_after > 0
     with pytest.raises(errors.InsufficientCapacity):
-        engine.reserve(10)
+        reserve(engine, 10)
     assert rec.removed == [] and engine.used == 5000 and engine.reserved == 0
     assert keys_of(engine) == [f"k{i}" for i in range(5)]
     # One unpinned object is enough: it, and only it, goes.
@@ -271,9 +286,9 @@ def test_insufficient_capacity_only_when_everything_left_is_pinned(clock: FakeCl
 def test_insufficient_capacity_when_budget_is_held_by_parts(clock: FakeClock) -> None:
     engine = make_engine(clock)
     upload = engine.create_upload(T, B, "mp", ttl=None, content_type="x", headers={}, user_meta={})
-    data = b"p" * 4200
+    data = b"p" * (4200 - engine.state_bytes)  # the upload's own record is charged too
     engine.put_part(T, B, "mp", upload.upload_id, 1, data, md5=hashlib.md5(data).digest(), checksums={})
-    assert engine.parts_bytes == 4200
+    assert engine.parts_bytes + engine.state_bytes == 4200
     put(engine, "k0", b"x" * (800 - 2 - OBJECT_OVERHEAD))
     assert engine.used == 5000
     with pytest.raises(errors.InsufficientCapacity):
@@ -854,7 +869,7 @@ def test_multipart_complete(clock: FakeClock) -> None:
     chunks = [b"a" * 10, b"b" * 12, b"c" * 3]
     parts = [_part(engine, upload, i + 1, c) for i, c in enumerate(chunks)]
     assert [p.etag for p in parts] == [md5_etag(c) for c in chunks]
-    assert engine.parts_bytes == 25 and engine.used == 25
+    assert engine.parts_bytes == 25 and engine.used == 25 + engine.state_bytes
     check_accounting(engine)
     obj = engine.complete_upload(T, B, "mp", upload.upload_id, [(p.number, p.etag) for p in parts])
     expected = hashlib.md5(b"".join(hashlib.md5(c).digest() for c in chunks)).hexdigest()
@@ -891,7 +906,7 @@ def test_multipart_part_replacement(clock: FakeClock) -> None:
     upload = _upload(engine)
     old = _part(engine, upload, 1, b"x" * 100)
     new = _part(engine, upload, 1, b"y" * 40)
-    assert engine.parts_bytes == 40 and engine.used == 40 and upload.charged == 40
+    assert engine.parts_bytes == 40 and engine.used == 40 + engine.state_bytes and upload.charged == 40
     with pytest.raises(errors.InvalidPart):
         engine.complete_upload(T, B, "mp", upload.upload_id, [(1, old.etag)])
     obj = engine.complete_upload(T, B, "mp", upload.upload_id, [(1, new.etag)])
@@ -942,7 +957,7 @@ def test_multipart_abort_frees_parts(clock: FakeClock) -> None:
     upload = _upload(engine)
     _part(engine, upload, 1, b"a" * 300)
     _part(engine, upload, 2, b"b" * 200)
-    assert engine.parts_bytes == 500 and engine.used == 1500
+    assert engine.parts_bytes == 500 and engine.used == 1500 + engine.state_bytes
     engine.abort_upload(T, B, "mp", upload.upload_id)
     assert engine.parts_bytes == 0 and engine.used == 1000 and engine.multipart.uploads == {}
     with pytest.raises(errors.NoSuchUpload):
@@ -963,7 +978,7 @@ def test_stale_uploads_are_reaped_after_upload_ttl(clock: FakeClock) -> None:
     clock.advance(40)
     engine.reap()
     assert list(engine.multipart.uploads) == [young.upload_id]
-    assert engine.parts_bytes == 50 and engine.used == 50
+    assert engine.parts_bytes == 50 and engine.used == 50 + engine.state_bytes
     with pytest.raises(errors.NoSuchUpload):
         engine.complete_upload(T, B, "old", old.upload_id, [(1, md5_etag(b"a" * 100))])
     clock.advance(60)
@@ -1090,7 +1105,9 @@ class EngineMachine(RuleBasedStateMachine):
         super().__init__()
         self.clock = FakeClock()
         self.engine = Engine(EngineConfig(budget=8000, default_ttl=60.0, max_ttl=200.0, max_pin=50.0,
-                                          max_object_size=3000, min_part_size=100, upload_ttl=150.0),
+                                          max_object_size=3000, min_part_size=100, upload_ttl=150.0,
+                                          bucket_overhead=0, upload_overhead=0, part_overhead=0,
+                                          tenant_reserve_limit=8000),  # one tenant may reserve everything here
                              clock=self.clock)
         for name in BUCKETS:
             self.engine.create_bucket(T, name)
@@ -1146,7 +1163,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _reserve(self, size: int) -> Reservation | None:
         try:
-            return self.engine.reserve(size)
+            return reserve(self.engine, size, bucket=BUCKETS[0])
         except errors.EntityTooLarge:
             config = self.engine.config
             assert size > config.max_object_size or size + OBJECT_OVERHEAD > config.budget
@@ -1391,9 +1408,9 @@ class EngineMachine(RuleBasedStateMachine):
         engine = self.engine
         now = self.clock.now
         objs = stored(engine)
-        parts = sum(p.size for u in engine.multipart.uploads.values() for p in u.parts.values())
+        parts = sum(p.charge for u in engine.multipart.uploads.values() for p in u.parts.values())
         assert engine.used <= engine.config.budget
-        assert engine.used == sum(o.charge for o in objs) + parts + engine.reserved
+        assert engine.used == sum(o.charge for o in objs) + parts + engine.state_bytes + engine.reserved
         assert engine.reserved == sum(r.nbytes for r in self.reservations)
         assert engine.parts_bytes == parts
         assert {(o.bucket, o.key): o for o in objs} == self.model
@@ -1422,3 +1439,139 @@ EngineMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestEngineStateful = EngineMachine.TestCase
+
+
+# ====================================================================== hardening: reservations, state, leases
+
+
+def test_a_reservation_holds_budget_only_as_its_body_arrives(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    rec = Recorder(engine)
+    for i in range(5):
+        put(engine, f"k{i}")
+    reservation = engine.reserve(T, B, 3000)  # the headers of a 3000-byte PUT, no body yet
+    assert reservation.nbytes == 0 and rec.removed == []
+    reservation.grow(500)  # the first bytes: it grows by whole steps (1 MiB), capped at what it declared
+    assert reservation.nbytes == 3000 + OBJECT_OVERHEAD == engine.reserved
+    assert engine.used <= engine.config.budget
+    assert rec.reasons() == [("evicted", f"k{i}") for i in range(4)]
+    with pytest.raises(errors.EntityTooLarge):
+        reservation.grow(3001)  # more than it declared
+    reservation.release()
+    assert engine.reserved == 0
+    check_accounting(engine)
+
+
+def test_what_could_never_be_stored_is_refused_when_the_reservation_opens(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    engine.create_bucket("other", "theirs")
+    put(engine, "mine-1", bucket="theirs", tenant="other")
+    engine.set_tenant_quota(T, 1500)
+    with pytest.raises(errors.EntityTooLarge):
+        engine.reserve(T, B, 2000)  # over the tenant's quota whatever it evicts
+    engine.set_bucket_policy(B, quota=1200)
+    with pytest.raises(errors.EntityTooLarge):
+        engine.reserve(T, B, 1300)
+    assert keys_of(engine, "theirs", "other") == ["mine-1"] and engine.reserved == 0
+
+
+def test_a_tenant_may_have_a_quarter_of_the_budget_in_flight(clock: FakeClock) -> None:
+    engine = make_engine(clock)  # budget 5000: 1250 bytes of bodies in flight per tenant
+    first = engine.reserve(T, B, 2000)  # one body in flight is always allowed, whatever its size
+    with pytest.raises(errors.InsufficientCapacity):
+        engine.reserve(T, B, 100)
+    engine.create_bucket("other", "theirs")
+    other = engine.reserve("other", "theirs", 100)  # another tenant's limit is its own
+    first.release()
+    engine.reserve(T, B, 100).release()
+    other.release()
+    assert engine.stats()["reserved"] == 0
+
+
+def test_a_reservation_for_a_tenant_with_a_quota_evicts_only_its_own_blocks(clock: FakeClock) -> None:
+    engine = make_engine(clock, budget=5000)
+    engine.create_bucket("other", "theirs")
+    for i in range(3):
+        put(engine, f"theirs-{i}", bucket="theirs", tenant="other")
+    put(engine, "mine-0")
+    engine.set_tenant_quota(T, 1600)
+    reservation = engine.reserve(T, B, SIZE)
+    reservation.grow(SIZE)  # over its quota with mine-0: mine-0 goes, not the other tenant's
+    assert keys_of(engine) == [] and len(keys_of(engine, "theirs", "other")) == 3
+    reservation.release()
+    check_accounting(engine)
+
+
+def test_buckets_uploads_and_parts_are_charged_and_capped(clock: FakeClock) -> None:
+    engine = Engine(EngineConfig(budget=100_000, max_buckets_per_tenant=3, max_uploads_per_tenant=2,
+                                 min_part_size=1), clock=clock)
+    for name in ("b1", "b2", "b3"):
+        engine.create_bucket(T, name)
+    assert engine.state_bytes == 3 * engine.config.bucket_overhead == engine.used
+    with pytest.raises(errors.TooManyBuckets):
+        engine.create_bucket(T, "b4")
+    engine.create_bucket("other", "b4")  # the cap is per tenant
+    before = engine.used
+    meta = {"cache-control": "x" * 1000}
+    first = engine.create_upload(T, "b1", "k", ttl=None, content_type="t", headers=meta, user_meta={})
+    assert engine.used - before == engine.config.upload_overhead + 1 + 1 + len("cache-control") + 1000
+    engine.create_upload(T, "b1", "k2", ttl=None, content_type="t", headers={}, user_meta={})
+    with pytest.raises(errors.TooManyUploads):
+        engine.create_upload(T, "b1", "k3", ttl=None, content_type="t", headers={}, user_meta={})
+    before = engine.used
+    engine.put_part(T, "b1", "k", first.upload_id, 1, b"", md5=hashlib.md5(b"").digest(), checksums={})
+    assert engine.used - before == engine.config.part_overhead  # an empty part is not free
+    # T's quota counts its uploads and parts; buckets count against the node's budget only (they are capped).
+    uploads = engine.multipart.uploads.values()
+    assert engine.tenant_usage(T)[1] == sum(u.charge + u.charged for u in uploads) > 0
+    engine.abort_upload(T, "b1", "k", first.upload_id)
+    engine.create_upload(T, "b1", "k3", ttl=None, content_type="t", headers={}, user_meta={})  # room again
+    engine.delete_bucket(T, "b3")
+    engine.create_bucket(T, "b5")
+
+
+def test_parts_count_against_the_tenant_quota(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    engine.create_bucket("other", "theirs")
+    put(engine, "theirs-0", bucket="theirs", tenant="other")
+    engine.set_tenant_quota(T, 250)
+    upload = engine.create_upload(T, B, "mp", ttl=None, content_type="x", headers={}, user_meta={})
+    part = b"p" * 100
+    for number in (1, 2):
+        engine.put_part(T, B, "mp", upload.upload_id, number, part, md5=hashlib.md5(part).digest(), checksums={})
+    with pytest.raises(errors.InsufficientCapacity):  # a third would pass the quota: nothing of its own to evict
+        engine.put_part(T, B, "mp", upload.upload_id, 3, part, md5=hashlib.md5(part).digest(), checksums={})
+    assert keys_of(engine, "theirs", "other") == ["theirs-0"]
+    check_accounting(engine)
+
+
+def test_a_removed_object_being_sent_stays_charged_until_the_send_ends(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    old = put(engine, "k")
+    release = engine.lease(old)
+    put(engine, "k", payload("new"))  # replaced while a reader is still sending the old payload
+    assert engine.sending_bytes == old.charge
+    assert engine.used == old.charge + engine.get(T, B, "k", record=False).charge
+    for i in range(4):  # the budget counts the old payload: it is not handed out again
+        put(engine, f"x{i}")
+    assert engine.used <= engine.config.budget
+    release()
+    release()  # idempotent
+    assert engine.sending_bytes == 0
+    check_accounting(engine)
+
+
+def test_choosing_a_victim_does_not_scan_the_buckets(clock: FakeClock) -> None:
+    """The oldest object across thousands of buckets is found through the heads' heap (the LRU order holds)."""
+    engine = make_engine(clock, budget=2_000_000, max_object_size=1000, max_buckets_per_tenant=5000)
+    names = [f"b{i:04d}" for i in range(2000)]
+    for name in names:
+        engine.create_bucket(T, name)
+        put(engine, "k", b"x" * 10, bucket=name)
+    for name in names[:500]:  # read the first 500 again: they become the most recent
+        engine.get(T, name, "k")
+    oldest = [names[500], names[501], names[502]]
+    rec = Recorder(engine)
+    engine.set_limits(budget=engine.used - 2 * 720)  # room for three fewer objects
+    assert [(reason, obj.bucket) for reason, _, _, obj in rec.removed[:3]] == [("evicted", n) for n in oldest]
+    check_accounting(engine)

@@ -220,7 +220,7 @@ def test_part_number_out_of_range(mp, mp_bucket: str, number: int) -> None:
     assert mp.list_parts(Bucket=mp_bucket, Key="k", UploadId=upload_id).get("Parts", []) == []
 
 
-def test_no_such_upload_after_abort_or_complete(mp, mp_bucket: str) -> None:
+def test_no_such_upload_after_abort_and_retried_complete_answers_again(mp, mp_bucket: str) -> None:
     upload_id = mp.create_multipart_upload(Bucket=mp_bucket, Key="k")["UploadId"]
     done = upload_parts(mp, mp_bucket, "k", upload_id, [b"a" * PART])
     assert mp.abort_multipart_upload(Bucket=mp_bucket, Key="k", UploadId=upload_id)[
@@ -240,9 +240,15 @@ def test_no_such_upload_after_abort_or_complete(mp, mp_bucket: str) -> None:
 
     upload_id = mp.create_multipart_upload(Bucket=mp_bucket, Key="k")["UploadId"]
     done = upload_parts(mp, mp_bucket, "k", upload_id, [b"a" * PART])
-    complete(mp, mp_bucket, "k", upload_id, done)
+    first = complete(mp, mp_bucket, "k", upload_id, done)
+    # A retried Complete (its answer was lost) answers what the first one did, as S3 does ...
+    assert complete(mp, mp_bucket, "k", upload_id, done)["ETag"] == first["ETag"]
+    # ... but the upload itself is gone: no more parts, no listing, and not for another key.
     with pytest.raises(ClientError) as exc:
-        complete(mp, mp_bucket, "k", upload_id, done)
+        complete(mp, mp_bucket, "other-key", upload_id, done)
+    assert code_of(exc) == ("NoSuchUpload", 404)
+    with pytest.raises(ClientError) as exc:
+        mp.list_parts(Bucket=mp_bucket, Key="k", UploadId=upload_id)
     assert code_of(exc) == ("NoSuchUpload", 404)
     with pytest.raises(ClientError) as exc:
         mp.upload_part(Bucket=mp_bucket, Key="k", UploadId=upload_id, PartNumber=1, Body=b"x")
