@@ -186,13 +186,7 @@ class FlashStore:
         ``reset`` deletes whatever the directory held first. Returns the recovery report; also in ``stats()``."""
         loop = self._loop = asyncio.get_running_loop()
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.path / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-            raise RuntimeError(f"{self.path} is in use by another flash store") from None
+        self._lock_fd = _lock_file(self.path / "LOCK")
         if reset:
             await loop.run_in_executor(None, wipe, self.path)
         rec = await loop.run_in_executor(None, recover, self.path, self.clock())
@@ -208,6 +202,7 @@ class FlashStore:
         self._writer.start()
         self._open = True
         self._idle.set()
+        self._check_directory()  # a read-only directory serves what it holds, degraded from the start
         r = rec.report
         log.info("flash: %s: recovered %d blocks (%.1f MiB) from %d segments in %.2f s "
                  "(%d sealed, %d tails scanned, %d torn/corrupt records discarded, %d expired)",
@@ -353,6 +348,7 @@ class FlashStore:
             elif kind == "need_space":
                 self._spawn(self._make_room(args[0]))
             elif kind == "failed":
+                self._stats.write_errors += 1
                 self._set_degraded(args[0])
             elif kind == "control":
                 done, result, exc = args
@@ -745,15 +741,17 @@ class FlashStore:
             if seg is None:
                 continue
             srows = rows[idx.seg[rows] == sid]
-            names = await self._keys_at(seg, idx.off[srows], idx.hlen[srows])
+            names = await self._keys_at(seg, srows)
             found.extend(bk[1] for bk in names.values() if bk[0] == self._bucket_names[bid])
         found.sort()
         return found
 
-    async def _keys_at(self, seg: _Seg, offsets: np.ndarray, hlens: np.ndarray) -> dict[int, tuple[str, str]]:
+    async def _keys_at(self, seg: _Seg, rows: np.ndarray) -> dict[int, tuple[str, str]]:
         """(bucket, key) of the records at ``offsets``: from the footer of a sealed segment, from the record
         headers of an open one."""
         assert self._loop is not None
+        idx = self.index
+        offsets = idx.off[rows]
         seg.readers += 1
         try:
             if seg.sealed:
@@ -762,8 +760,8 @@ class FlashStore:
                                                             set(offsets.tolist()))
                 except ValueError:  # no valid footer (a tail that could not be sealed): read the headers
                     pass
-            items = [rd.ReadItem(i, int(o), int(h), 0, b"", b"") for i, (o, h) in
-                     enumerate(zip(offsets.tolist(), hlens.tolist()))]
+            items = [rd.ReadItem(i, int(o), int(h), int(n), b"", b"") for i, (o, h, n) in
+                     enumerate(zip(offsets.tolist(), idx.hlen[rows].tolist(), idx.plen[rows].tolist()))]
             out: dict[int, tuple[str, str]] = {}
             for run in rd.plan_runs(items, False, 0, self.max_read_bytes):
                 outcomes, _ = await self._loop.run_in_executor(self._pool, rd.read_run, seg.rfd, seg.salt, run,
@@ -859,7 +857,7 @@ class FlashStore:
         names: dict[int, tuple[str, str]] = {}
         if self.on_remove is not None:
             try:
-                names = await self._keys_at(seg, offs, idx.hlen[rows])
+                names = await self._keys_at(seg, rows)
             except (OSError, ValueError) as e:
                 log.warning("flash: keys of segment %d unreadable (%s); removing without reporting", seg.id, e)
         # the index may have moved on while the keys were read
@@ -1125,6 +1123,25 @@ class FlashStore:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _lock_file(path: Path) -> int:
+    """Hold an exclusive lock on ``path`` for as long as the store is open (one process per directory)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        try:
+            fd = os.open(path, os.O_RDONLY)  # a read-only directory: lock the file that is there
+        except FileNotFoundError:
+            return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RuntimeError(f"{path.parent} is in use by another flash store") from None
+    return fd
 
 
 def _close_quietly(fd: int) -> None:
