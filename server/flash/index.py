@@ -1,12 +1,12 @@
 """The in-RAM index of flash-resident blocks: numpy arrays, about 60 bytes per block, vectorized lookups.
 
 Layout: a dense table of rows (struct of arrays, one row per block) and an open-addressing hash table
-(linear probing) of ``uint32`` slots holding ``row + 1`` (0 = empty, ``TOMB`` = deleted). A row holds the
+(linear probing, load factor 0.25–0.5) of ``uint32`` slots holding ``row + 1`` (0 = empty, ``TOMB`` = deleted). A row holds the
 64-bit fingerprint of (bucket, key), never the key: the store confirms the key against the record header on
 every read, so a fingerprint collision costs a miss, never another key's bytes.
 
 Rows: fp u64, segment u32, offset u32, payload_len u32, header_len u32, expires f64, bucket u32, flags u8
-= 37 bytes, grown by half when full; slots: 4 bytes at a load factor of 0.35–0.7. Deleted rows go on a free
+= 37 bytes, grown by half when full; slots: 4 bytes each, 8–16 per block. Deleted rows go on a free
 stack (int32) and are reused. Every method is vectorized over numpy arrays; the store calls them from one
 thread (the event loop), so there are no locks.
 """
@@ -24,8 +24,8 @@ _ROW_FIELDS = {
     "exp": np.float64, "bkt": np.uint32, "flags": np.uint8,
 }
 _MIN_ROWS = 1024
-_MAX_LOAD = 0.7
-_REBUILD_LOAD = 0.35
+_MAX_LOAD = 0.5
+_REBUILD_LOAD = 0.25
 
 
 class FlashIndex:

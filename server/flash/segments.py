@@ -99,12 +99,12 @@ def read_footer_keys(fd: int, trailer: Trailer, entries: np.ndarray) -> list[byt
 
 def footer_bytes(header: SegmentHeader, data_end: int, buckets: list[str], entries: np.ndarray,
                  keys: bytes | bytearray) -> bytes:
-    """Footer and trailer, zero-padded so the trailer ends on a 4 KiB boundary (written at ``data_end``)."""
+    """Footer and trailer to write at ``data_end``, zero-padded so the trailer ends on a 4 KiB boundary."""
     index, key_blob = pack_footer(buckets, entries, keys)
     trailer = Trailer(header.segment_id, data_end, len(index), len(key_blob), entries.size,
                       xxhash.xxh3_64_intdigest(index), xxhash.xxh3_64_intdigest(key_blob)).pack()
     body = index + key_blob
-    total = align(len(body) + TRAILER)
+    total = align(data_end + len(body) + TRAILER) - data_end  # the trailer ends the file on a 4 KiB boundary
     return body + bytes(total - len(body) - TRAILER) + trailer
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 Buffer = bytes | bytearray | memoryview
 
@@ -39,8 +40,7 @@ class FlashRecord:
     xxh3: int | None = None
 
 
-@dataclass(slots=True, frozen=True)
-class Location:
+class Location(NamedTuple):
     """Where a record lives: segment id, byte offset of its header, header and payload lengths."""
 
     segment: int
@@ -49,13 +49,19 @@ class Location:
     payload_len: int
 
 
-@dataclass(slots=True, frozen=True)
-class Entry:
-    """What the RAM index knows of a block (no key, no metadata: those are on flash)."""
+class Entry(NamedTuple):
+    """What the RAM index knows of a block (no key, no metadata: those are on flash). A flat tuple: cheap to
+    make by the thousand in lookup_many."""
 
     size: int
     expires_at: float
-    location: Location
+    segment: int
+    offset: int
+    header_len: int
+
+    @property
+    def location(self) -> Location:
+        return Location(self.segment, self.offset, self.header_len, self.size)
 
 
 @dataclass(slots=True)

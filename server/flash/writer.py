@@ -1,14 +1,17 @@
 """The writer thread: turns queued records into large sequential appends, one open segment per expiry window.
 
-Records are streamed into one reusable page-aligned buffer (``batch_bytes``, default 8 MiB) and written with
-O_DIRECT where the file system allows it (on this kind of VM O_DIRECT writes ran at 1.1–1.5 GB/s against
-0.5–0.95 GB/s for buffered writes plus fdatasync), so a batch is one ``pwrite`` of MiBs and demoted blocks
-do not fill the page cache. Every batch starts on a 4 KiB boundary. No fsync per record: a segment is
-fsynced when it is sealed (full, idle, or replaced by a newer window).
+Records are streamed into two reusable page-aligned buffers (``batch_bytes`` each, default 8 MiB) and
+written with O_DIRECT where the file system allows it (on this kind of VM O_DIRECT writes ran at 1.1–1.5 GB/s
+against 0.5–0.95 GB/s for buffered writes plus fdatasync), so a write is one ``pwrite`` of MiBs and demoted
+blocks do not fill the page cache. While one buffer is being written by the I/O thread the writer thread
+fills the other: copying and hashing overlap the device. Every batch starts on a 4 KiB boundary. No fsync
+per record: a segment is fsynced when it is sealed (full, idle, or replaced by a newer window).
 
-The thread owns the open segments' write descriptors and the dead log; it tells the event loop what happened
-through ``post`` (``loop.call_soon_threadsafe``): segment opened, records written (or failed), segment sealed,
-space needed, device failed. It never touches the index.
+Two threads: the writer thread (serialises records, owns the open segments and the dead log) and the I/O
+thread (``pwrite``, sealing, closing — one queue, so everything reaches a file in order). They tell the event
+loop what happened through ``post`` (``loop.call_soon_threadsafe``): segment opened, records written (or
+failed: only after their bytes are in the file), segment sealed, space needed, device failed. Neither
+touches the index.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +125,7 @@ class _Open:
     rows: list[tuple[int, int, float, int, int, int, int, int, int]] = field(default_factory=list)
     keys: bytearray = field(default_factory=bytearray)
     footer_len: int = 8  # running size of the footer's bucket table + entries + keys
+    unacked: list[tuple[int, Written]] = field(default_factory=list)  # (end offset, result) not yet flushed
 
 
 class Writer(threading.Thread):
@@ -147,9 +152,13 @@ class Writer(threading.Thread):
         self._cond = threading.Condition()
         self._stopping = False
         self._open: dict[tuple[int, int], _Open] = {}
-        self._mm = mmap.mmap(-1, self.batch_bytes)
-        self._buf = memoryview(self._mm)
+        self._mms = [mmap.mmap(-1, self.batch_bytes), mmap.mmap(-1, self.batch_bytes), mmap.mmap(-1, BLOCK)]
+        self._bufs = [memoryview(m) for m in self._mms]
+        self._cur = 0  # the buffer being filled (0 or 1); the other may be in flight
+        self._buf = self._bufs[0]
+        self._busy: list[Future[None] | None] = [None, None]
         self._fill = 0
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxstore-flash-io")
         self._dead_fd = -1
         self._hold: list[Pending] = []
 
@@ -194,14 +203,13 @@ class Writer(threading.Thread):
             self._run()
         finally:
             for seg in list(self._open.values()):
-                try:
-                    os.close(seg.fd)
-                except OSError:
-                    pass
+                self._io.submit(_close_quietly, seg.fd)
+            self._io.shutdown(wait=True)
             if self._dead_fd >= 0:
                 os.close(self._dead_fd)
-            self._buf.release()
-            self._mm.close()
+            for view, mm in zip(self._bufs, self._mms):
+                view.release()
+                mm.close()
 
     def _run(self) -> None:
         while True:
@@ -256,40 +264,42 @@ class Writer(threading.Thread):
         groups: dict[tuple[int, int], list[Pending]] = {}
         for r in records:
             groups.setdefault(r.window, []).append(r)
-        out: list[Written] = []
+        emitted: set[int] = set()
         try:
             for window, items in groups.items():
-                out.extend(self._write_window(window, items))
+                self._write_window(window, items, emitted)
         except OSError as e:
             self._fail(e, "write")
-            done = {id(w.item) for w in out}
-            out.extend(Written(r, error=IO_ERROR) for r in records if id(r) not in done)
-        self.post_results(out)
+            lost = [w for seg in self._open.values() for _end, w in seg.unacked]
+            for seg in self._open.values():
+                seg.unacked.clear()
+            self._fill = 0
+            lost += [Written(r, error=IO_ERROR) for r in records if id(r) not in emitted]
+            for w in lost:
+                w.error = IO_ERROR
+            self.post_results(lost)
 
     def post_results(self, results: list[Written]) -> None:
         if results:
             self.post("written", results)
 
-    def _write_window(self, window: tuple[int, int], items: list[Pending]) -> list[Written]:
-        seg = self._segment_for(window, items[0])
-        if seg is None:
-            return [Written(r, error="no_space") for r in items]
-        out: list[Written] = []
-        confirmed: list[Written] = []
-        for r in items:
+    def _write_window(self, window: tuple[int, int], items: list[Pending], emitted: set[int]) -> None:
+        seg = self._segment_for(window)
+        for n, r in enumerate(items):
+            if seg is None:
+                self.post_results([Written(x, error="no_space") for x in items[n:]])
+                return
             rec = r.record
             hlen, rlen = record_size(r.bucket, r.key, rec.metadata, len(rec.payload))
             offset = seg.start + self._fill
             entry_footer = FOOTER_ENTRY.itemsize + len(r.key) + (0 if r.bucket in seg.bucket_ids else
                                                                   2 + len(r.bucket))
             if offset + rlen + align(seg.footer_len + entry_footer + TRAILER) > self.segment_bytes:
-                self._flush(seg, final=True)
-                confirmed.extend(out)
-                out = []
                 self._seal(seg)
-                seg = self._segment_for(window, r)
+                seg = self._segment_for(window)
                 if seg is None:
-                    return confirmed + [Written(x, error="no_space") for x in items[len(confirmed):]]
+                    self.post_results([Written(x, error="no_space") for x in items[n:]])
+                    return
                 offset = seg.start + self._fill
             payload = rec.payload if not isinstance(rec.payload, memoryview) else rec.payload.cast("B")
             pxxh = rec.xxh3 if rec.xxh3 is not None else xxhash.xxh3_64_intdigest(payload)
@@ -299,6 +309,8 @@ class Writer(threading.Thread):
             pack_record_header(memoryview(head), 0, seg.header.salt, seq=seq, created=rec.created,
                                expires_at=rec.expires_at, payload_len=len(payload), payload_xxh3=pxxh,
                                bucket=r.bucket, key=r.key, meta=rec.metadata)
+            emitted.add(id(r))
+            seg.unacked.append((offset + rlen, Written(r, seg.header.segment_id, offset, hlen)))
             self._emit(seg, head)
             self._emit(seg, payload)
             pad = rlen - hlen - len(payload)
@@ -311,10 +323,9 @@ class Writer(threading.Thread):
             seg.rows.append((r.fp, seq, rec.expires_at, offset, len(payload), hlen, bid, 0, len(r.key)))
             seg.keys += r.key
             seg.footer_len += entry_footer
-            out.append(Written(r, seg.header.segment_id, offset, hlen))
-        self._flush(seg, final=True)
-        seg.last_write = time.monotonic()
-        return confirmed + out
+        if seg is not None:
+            self._flush(seg)
+            seg.last_write = time.monotonic()
 
     def _emit(self, seg: _Open, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
@@ -324,26 +335,51 @@ class Writer(threading.Thread):
             self._fill += take
             view = view[take:]
             if self._fill == self.batch_bytes:
-                self._flush(seg, final=False)
+                self._flush(seg)
 
-    def _flush(self, seg: _Open, *, final: bool) -> None:
+    def _flush(self, seg: _Open) -> None:
+        """Hand the filled buffer to the I/O thread (padded to 4 KiB) and switch to the other one."""
         if self._fill == 0:
             return
         length = align(self._fill)
         if length > self._fill:
             self._buf[self._fill:length] = bytes(length - self._fill)
-        view = self._buf[:length]
-        pos = seg.start
-        while view:
-            n = os.pwrite(seg.fd, view, pos)
-            view, pos = view[n:], pos + n
-        self.post("wrote", length)
-        seg.start += length
+        end = seg.start + length
+        acks = [w for e, w in seg.unacked if e <= end]
+        if acks:
+            seg.unacked = [(e, w) for e, w in seg.unacked if e > end]
+        self._busy[self._cur] = self._io.submit(self._io_write, seg.fd, self._buf[:length], seg.start, acks)
+        seg.start = end
         self._fill = 0
+        self._cur ^= 1
+        self._buf = self._bufs[self._cur]
+        busy = self._busy[self._cur]
+        if busy is not None:
+            busy.result()  # the buffer we are about to fill has reached the file
+
+    def _io_write(self, fd: int, view: memoryview, pos: int, acks: list[Written]) -> None:
+        """I/O thread: write one buffer; only then are the records that end in it acknowledged."""
+        if self.failed is not None:
+            for w in acks:
+                w.error = IO_ERROR
+            self.post_results(acks)
+            return
+        length = len(view)
+        try:
+            while view:
+                n = os.pwrite(fd, view, pos)
+                view, pos = view[n:], pos + n
+        except OSError as e:
+            self._fail(e, "write")
+            for w in acks:
+                w.error = IO_ERROR
+        else:
+            self.post("wrote", length)
+        self.post_results(acks)
 
     # ------------------------------------------------------------------------------------ segments
 
-    def _segment_for(self, window: tuple[int, int], first: Pending) -> _Open | None:
+    def _segment_for(self, window: tuple[int, int]) -> _Open | None:
         seg = self._open.get(window)
         if seg is not None:
             return seg
@@ -358,7 +394,6 @@ class Writer(threading.Thread):
                 if self._stopping:
                     return None
             self.space.wait(0.2)
-        assert self._fill == 0, "a segment header is written through the empty batch buffer"
         sid = self.next_segment
         self.next_segment += 1
         width, index = window
@@ -373,9 +408,8 @@ class Writer(threading.Thread):
                 except OSError as e:
                     if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                         raise
-                head = header.pack()
-                self._buf[:BLOCK] = head
-                os.pwrite(fd, self._buf[:BLOCK], 0)
+                self._bufs[2][:BLOCK] = header.pack()  # its own aligned block: both batch buffers may be busy
+                os.pwrite(fd, self._bufs[2], 0)
             except OSError:
                 os.close(fd)
                 _unlink_quietly(path)
@@ -402,22 +436,26 @@ class Writer(threading.Thread):
         return os.open(path, flags, 0o644)
 
     def _seal(self, seg: _Open) -> None:
-        """Footer, trailer, truncate, fsync; the segment is immutable from here on."""
+        """Footer and trailer after the records; then (I/O thread, after every write before it) truncate,
+        fsync, close. The segment is immutable from here on."""
         del self._open[seg.window]
+        entries = np.array(seg.rows, dtype=FOOTER_ENTRY) if seg.rows else np.zeros(0, FOOTER_ENTRY)
+        self._emit(seg, footer_bytes(seg.header, seg.start + self._fill, seg.buckets, entries, seg.keys))
+        self._flush(seg)
+        self._io.submit(self._io_seal, seg)
+
+    def _io_seal(self, seg: _Open) -> None:
         size = 0
         try:
-            entries = np.array(seg.rows, dtype=FOOTER_ENTRY) if seg.rows else np.zeros(0, FOOTER_ENTRY)
-            footer = footer_bytes(seg.header, seg.start, seg.buckets, entries, seg.keys)
-            self._emit(seg, footer)
-            self._flush(seg, final=True)
-            os.ftruncate(seg.fd, seg.start)
-            os.fdatasync(seg.fd)
-            fsync_dir(self.directory)
-            size = seg.start
+            if self.failed is None:
+                os.ftruncate(seg.fd, seg.start)
+                os.fdatasync(seg.fd)
+                fsync_dir(self.directory)
+                size = seg.start
         except OSError as e:
             self._fail(e, "seal")
         finally:
-            os.close(seg.fd)
+            _close_quietly(seg.fd)
         self.space.release(self.segment_bytes - size if size else 0)
         self.post("sealed", seg.header.segment_id, size)
 
@@ -429,7 +467,7 @@ class Writer(threading.Thread):
                     self._seal(seg)
                 elif stopping:
                     del self._open[seg.window]
-                    os.close(seg.fd)
+                    self._io.submit(_close_quietly, seg.fd)
 
     # ----------------------------------------------------------------------------- small files, errors
 
@@ -466,6 +504,13 @@ class Writer(threading.Thread):
             self._queue = deque(i for i in self._queue if not isinstance(i, Pending))
             self.queued_bytes = 0
         self.post_results([Written(r, error=IO_ERROR) for r in dropped])
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _unlink_quietly(path: Path) -> None:
