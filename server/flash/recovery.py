@@ -63,6 +63,11 @@ class Recovered:
     dead_log_entries: int = 0
     removed: list[Path] = field(default_factory=list)
 
+    def release_arrays(self) -> None:
+        """Drop the index arrays once installed (whoever still holds this object does not keep them alive)."""
+        empty = np.zeros(0, np.uint8)
+        self.fp = self.seg = self.off = self.plen = self.hlen = self.exp = self.bkt = empty
+
 
 def wipe(directory: Path) -> None:
     """Delete everything the store keeps in ``directory`` (``reset``)."""
@@ -101,6 +106,8 @@ def recover(directory: Path, now: float) -> Recovered:
     allent = np.concatenate(parts) if parts else np.zeros(0, FOOTER_ENTRY)
     seg_ids = np.concatenate(part_seg) if part_seg else np.zeros(0, np.uint32)
     bkt = np.concatenate(part_bkt) if part_bkt else np.zeros(0, np.uint32)
+    if dead.size:  # never reuse the id of a segment the dead log names (its entries would kill new records)
+        next_segment = max(next_segment, int((dead >> np.uint64(32)).max()) + 1)
     total = allent.size
     next_seq = max([int(allent["seq"].max()) + 1 if total else 0, *[f for f in floors.values()]], default=0)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import ctypes
 import errno
 import fcntl
 import functools
@@ -192,6 +193,8 @@ class FlashStore:
             await loop.run_in_executor(None, wipe, self.path)
         rec = await loop.run_in_executor(None, recover, self.path, self.clock())
         self._install(rec)
+        rec.release_arrays()
+        _trim_heap()  # recovery's temporaries were several times the index: give them back to the OS
         rec.report.reset = reset
         self.recovery = self._stats.recovery = rec.report
         self.manifest = rec.report.manifest
@@ -261,7 +264,11 @@ class FlashStore:
         """Wait until every record appended so far has been written (or failed)."""
         while self._inflight:
             self._idle.clear()
-            await self._idle.wait()
+            try:
+                await asyncio.wait_for(self._idle.wait(), 1.0)
+            except TimeoutError:
+                if self._writer is None or not self._writer.is_alive():
+                    return
 
     # ================================================================================ writing
 
@@ -528,17 +535,16 @@ class FlashStore:
         bid = self._buckets.get(bucket)
         if bid is None:
             return 0
-        n = 0
         seed = self._seed(bucket)
-        for k in keys:
-            if self._pending.pop(fingerprint(seed, k.encode()), None) is not None:
-                n += 1
+        cancelled = np.array([self._pending.pop(fingerprint(seed, k.encode()), None) is not None for k in keys],
+                             bool)
         rows = self._rows(bucket, keys)
-        rows = np.unique(rows[rows >= 0])
-        if rows.size:
-            self._remove_rows(rows, log_dead=True)
+        hit = rows >= 0
+        found = np.unique(rows[hit])
+        if found.size:
+            self._remove_rows(found, log_dead=True)
             self._bucket_changed(bid)
-        return n + int(rows.size)
+        return int((hit | cancelled).sum())
 
     def drop_bucket(self, bucket: str) -> int:
         """Forget every block of a bucket at once: one floor in the state file, no per-block work on disk."""
@@ -819,7 +825,7 @@ class FlashStore:
         return rep
 
     def _oldest_sealed(self) -> _Seg | None:
-        cands = [s for s in self._segs.values() if s.sealed and not s.removed]
+        cands = [s for s in self._segs.values() if s.sealed and not s.removed and not s.compacting]
         return min(cands, key=lambda s: s.id) if cands else None
 
     async def _make_room(self, need: int) -> None:
@@ -1126,6 +1132,14 @@ class FlashStore:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _trim_heap() -> None:
+    """glibc keeps freed memory for reuse; malloc_trim returns it, so RSS reflects what the index holds."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def _lock_file(path: Path) -> int:

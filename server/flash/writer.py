@@ -201,6 +201,9 @@ class Writer(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
+        except Exception as e:  # a bug must not leave callers waiting for writes that will never finish
+            log.exception("flash: the writer thread failed")
+            self._fail(OSError(errno.EIO, f"writer thread failed: {e!r}"), "writer")
         finally:
             for seg in list(self._open.values()):
                 self._io.submit(_close_quietly, seg.fd)
