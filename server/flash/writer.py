@@ -308,17 +308,23 @@ class Writer(threading.Thread):
             pxxh = rec.xxh3 if rec.xxh3 is not None else xxhash.xxh3_64_intdigest(payload)
             seq = self.next_seq
             self.next_seq = seq + 1
-            head = bytearray(hlen)
-            pack_record_header(memoryview(head), 0, seg.header.salt, seq=seq, created=rec.created,
-                               expires_at=rec.expires_at, payload_len=len(payload), payload_xxh3=pxxh,
-                               bucket=r.bucket, key=r.key, meta=rec.metadata)
             emitted.add(id(r))
             seg.unacked.append((offset + rlen, Written(r, seg.header.segment_id, offset, hlen)))
-            self._emit(seg, head)
+            direct = self._fill + hlen <= self.batch_bytes  # the usual case: straight into the batch buffer
+            head = self._buf if direct else memoryview(bytearray(hlen))
+            pack_record_header(head, self._fill if direct else 0, seg.header.salt, seq=seq, created=rec.created,
+                               expires_at=rec.expires_at, payload_len=len(payload), payload_xxh3=pxxh,
+                               bucket=r.bucket, key=r.key, meta=rec.metadata)
+            if direct:
+                self._fill += hlen
+                if self._fill == self.batch_bytes:
+                    self._flush(seg)
+            else:
+                self._emit(seg, head)
             self._emit(seg, payload)
             pad = rlen - hlen - len(payload)
             if pad:
-                self._emit(seg, bytes(pad))
+                self._emit(seg, _ZEROS[:pad])
             bid = seg.bucket_ids.get(r.bucket)
             if bid is None:
                 bid = seg.bucket_ids[r.bucket] = len(seg.buckets)
@@ -507,6 +513,9 @@ class Writer(threading.Thread):
             self._queue = deque(i for i in self._queue if not isinstance(i, Pending))
             self.queued_bytes = 0
         self.post_results([Written(r, error=IO_ERROR) for r in dropped])
+
+
+_ZEROS = bytes(8)
 
 
 def _close_quietly(fd: int) -> None:
