@@ -158,6 +158,7 @@ class Writer(threading.Thread):
         self._buf = self._bufs[0]
         self._busy: list[Future[None] | None] = [None, None]
         self._fill = 0
+        self._owner: _Open | None = None  # the segment whose bytes the current buffer holds
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxstore-flash-io")
         self._dead_fd = -1
         self._hold: list[Pending] = []
@@ -229,6 +230,10 @@ class Writer(threading.Thread):
                 stopping = self._stopping and not self._queue
             if batch:
                 self._process(batch)
+            if self._fill and not self._queue and self._owner is not None:
+                # nothing more waiting: write out the partial buffer now. While records keep coming the
+                # buffer fills up first, so a busy writer issues full-size writes.
+                self._flush(self._owner)
             self._seal_idle(stopping)
             if stopping:
                 return
@@ -277,6 +282,7 @@ class Writer(threading.Thread):
             for seg in self._open.values():
                 seg.unacked.clear()
             self._fill = 0
+            self._owner = None
             lost += [Written(r, error=IO_ERROR) for r in records if id(r) not in emitted]
             for w in lost:
                 w.error = IO_ERROR
@@ -292,6 +298,7 @@ class Writer(threading.Thread):
             if seg is None:
                 self.post_results([Written(x, error="no_space") for x in items[n:]])
                 return
+            self._own(seg)
             rec = r.record
             hlen, rlen = record_size(r.bucket, r.key, rec.metadata, len(rec.payload))
             offset = seg.start + self._fill
@@ -303,6 +310,7 @@ class Writer(threading.Thread):
                 if seg is None:
                     self.post_results([Written(x, error="no_space") for x in items[n:]])
                     return
+                self._own(seg)
                 offset = seg.start + self._fill
             payload = rec.payload if not isinstance(rec.payload, memoryview) else rec.payload.cast("B")
             pxxh = rec.xxh3 if rec.xxh3 is not None else xxhash.xxh3_64_intdigest(payload)
@@ -333,8 +341,14 @@ class Writer(threading.Thread):
             seg.keys += r.key
             seg.footer_len += entry_footer
         if seg is not None:
-            self._flush(seg)
             seg.last_write = time.monotonic()
+
+    def _own(self, seg: _Open) -> None:
+        """Make the current buffer ``seg``'s: write out another segment's bytes first."""
+        if self._owner is not seg:
+            if self._fill and self._owner is not None:
+                self._flush(self._owner)
+            self._owner = seg
 
     def _emit(self, seg: _Open, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
@@ -350,6 +364,7 @@ class Writer(threading.Thread):
         """Hand the filled buffer to the I/O thread (padded to 4 KiB) and switch to the other one."""
         if self._fill == 0:
             return
+        assert seg is self._owner
         length = align(self._fill)
         if length > self._fill:
             self._buf[self._fill:length] = bytes(length - self._fill)
@@ -448,9 +463,11 @@ class Writer(threading.Thread):
         """Footer and trailer after the records; then (I/O thread, after every write before it) truncate,
         fsync, close. The segment is immutable from here on."""
         del self._open[seg.window]
+        self._own(seg)
         entries = np.array(seg.rows, dtype=FOOTER_ENTRY) if seg.rows else np.zeros(0, FOOTER_ENTRY)
         self._emit(seg, footer_bytes(seg.header, seg.start + self._fill, seg.buckets, entries, seg.keys))
         self._flush(seg)
+        self._owner = None
         self._io.submit(self._io_seal, seg)
 
     def _io_seal(self, seg: _Open) -> None:
