@@ -380,7 +380,7 @@ def plot(results: dict[str, Any], png: Path) -> None:
         ax.bar([i + (k - 1.5) * width for i in range(len(labels))], vals, width, label=name)
     ax.set_xticks(range(len(labels)), [f"write {lb}" for lb in labels])
     ax.set_ylabel("GB/s (median)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right", framealpha=0.9)
     ax.set_title("Writes")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
@@ -420,11 +420,17 @@ def main() -> None:
     ap.add_argument("--rebuild", default="1,4", help="millions of blocks, comma-separated ('' to skip)")
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "flash_store.json"))
     ap.add_argument("--png", default=str(ROOT / "docs" / "flash_store.png"))
+    ap.add_argument("--replot", action="store_true", help="redraw --png from --json without measuring")
     ap.add_argument("--probe", help=argparse.SUPPRESS)
     ap.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.probe:
         print(json.dumps(asyncio.run(_probe(Path(args.probe), args.cold))))
+        return
+    if args.replot:
+        results = json.loads(Path(args.json).read_text())
+        print(summarize(results))
+        plot(results, Path(args.png))
         return
     if os.geteuid() != 0:
         raise SystemExit("run as root: the cold-read rounds drop the page cache")
