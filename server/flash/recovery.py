@@ -116,6 +116,7 @@ def recover(directory: Path, now: float) -> Recovered:
     fp_sorted = allent["fp"][order]
     _, last = np.unique(fp_sorted[::-1], return_index=True)
     win = order[total - 1 - last] if total else np.zeros(0, np.int64)
+    del order, fp_sorted, last  # recovery's peak RAM is these temporaries: drop them as soon as possible
     alive = np.ones(win.size, bool)
     if dead.size:
         alive &= ~np.isin(dead_keys(seg_ids[win], allent["offset"][win]), dead)
@@ -155,15 +156,15 @@ def recover(directory: Path, now: float) -> Recovered:
         except OSError as e:
             log.warning("flash: could not rewrite the dead log: %s", e)
 
-    live = allent[rows]
     report.blocks = int(rows.size)
-    report.bytes = int(live["payload_len"].sum(dtype=np.int64))
+    plen = allent["payload_len"][rows]
+    report.bytes = int(plen.sum(dtype=np.int64))
     report.segments = len(kept)
     report.seconds = time.perf_counter() - t0
     return Recovered(
         report=report, segments=kept, buckets=list(names), floors=floors,
-        fp=live["fp"].copy(), seg=seg_ids[rows], off=live["offset"].copy(), plen=live["payload_len"].copy(),
-        hlen=live["header_len"].copy(), exp=live["expires"].copy(), bkt=bkt[rows],
+        fp=allent["fp"][rows], seg=seg_ids[rows], off=allent["offset"][rows], plen=plen,
+        hlen=allent["header_len"][rows], exp=allent["expires"][rows], bkt=bkt[rows],
         next_seq=next_seq, next_segment=next_segment, dead_log_entries=int(keep_dead.size), removed=removed,
     )
 

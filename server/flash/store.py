@@ -12,6 +12,7 @@ import itertools
 import logging
 import math
 import os
+import resource
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -190,6 +191,7 @@ class FlashStore:
         loop = self._loop = asyncio.get_running_loop()
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_file(self.path / "LOCK")
+        _raise_fd_limit(self.capacity_bytes // self.segment_bytes + 256)  # one read descriptor per segment
         if reset:
             await loop.run_in_executor(None, wipe, self.path)
         rec = await loop.run_in_executor(None, recover, self.path, self.clock())
@@ -1139,6 +1141,20 @@ class FlashStore:
 
 
 _new_entry: Callable[[tuple[int, float, int, int, int]], Entry] = functools.partial(tuple.__new__, Entry)
+
+
+def _raise_fd_limit(need: int) -> None:
+    """Raise the soft RLIMIT_NOFILE towards ``need`` (within the hard limit); warn if it cannot get there."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):
+            new = soft
+        if new < need:
+            log.warning("flash: %d open files allowed, %d may be needed (one per segment): raise the limit or "
+                        "use larger segments", new, need)
 
 
 def _trim_heap() -> None:
