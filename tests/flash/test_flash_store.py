@@ -308,3 +308,33 @@ def test_lookup_many_is_vectorized_over_thousands_of_keys(tmp_path: Path) -> Non
         await store.close()
 
     run(go())
+
+
+def test_open_keeps_only_the_index_in_ram(tmp_path: Path) -> None:
+    """Regression: recovery's arrays outlived open() (held by the executor's future), doubling RAM per block."""
+    import tracemalloc
+
+    async def fill() -> None:
+        store = small_store(tmp_path, 64 * MiB, segment_bytes=8 * MiB, batch_bytes=1 * MiB)
+        await store.open()
+        now = time.time()
+        await append_all(store, [FlashRecord("b", f"{i:032x}", b"x" * 16, now + 3600, now) for i in range(50_000)])
+        await store.close()
+
+    async def reopen() -> tuple[int, int, int]:
+        store = small_store(tmp_path, 64 * MiB, segment_bytes=8 * MiB)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            report = await store.open()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        index = store.index.nbytes()
+        await store.close()
+        return report.blocks, held, index
+
+    run(fill())
+    blocks, held, index = run(reopen())
+    assert blocks == 50_000
+    assert held < 1.3 * index, (held, index)
