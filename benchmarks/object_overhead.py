@@ -15,8 +15,7 @@ import os
 import sys
 import tracemalloc
 
-from ctxstore_server.engine.objects import OBJECT_OVERHEAD
-from ctxstore_server.engine.store import Engine, EngineConfig
+from ctxstore_server.engine import OBJECT_OVERHEAD, Engine, EngineConfig
 
 
 def measure(n: int, payload_size: int = 64) -> float:

@@ -2,9 +2,10 @@
 ctxstore node into a preallocated buffer, by ctxstore's own transport and by general-purpose Python HTTP
 clients.
 
-Command (results go in docs/benchmarks.md):
+Command (from the repository root; results go in docs/benchmarks.md, the plot to
+docs/benchmarks-transport.png):
 
-    .venv/bin/pip install aiohttp urllib3              # the peers (uvloop comes with ctxstore[server])
+    .venv/bin/pip install -e '.[bench]'                # aiohttp, urllib3, matplotlib (uvloop comes with the server)
     .venv/bin/python benchmarks/transport_compare.py   # --runs 20 --warmup 2 (defaults)
 
 Every variant sends the same request: ``POST wire.path(bucket, "get")`` with the frame
@@ -12,7 +13,7 @@ Every variant sends the same request: ``POST wire.path(bucket, "get")`` with the
 per call), over a kept-alive connection, and must end with every block in its 64 KiB slot of the same
 preallocated 128 MiB bytearray (checked byte for byte after the timed runs). Variants:
 
-- ``ctxstore Pool (asyncio)``: ``ctxstore.transport.Pool`` + ``ctxstore.core.GetReader`` on a default asyncio
+- ``ctxstore Pool (asyncio)``: ``ctxstore.transport.Pool`` + ``ctxstore.frames.GetReader`` on a default asyncio
   event loop (the loop ``ContextStore`` runs): the socket reads straight into each block's slot
   (``BufferedProtocol``).
 - ``ctxstore Pool (uvloop)``: the same code on a uvloop event loop.
@@ -52,21 +53,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import xxhash
 
 from ctxstore import ContextStore, Timeouts, wire
 from ctxstore.buffers import Destinations
-from ctxstore.core import GetReader
+from ctxstore.frames import GetReader
 from ctxstore.sigv4 import Signer
 from ctxstore.transport import BytesReader, Pool, request_head
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# The sibling script's process and measurement helpers.
-from restore_vs_redis import (
+# The sibling module's process, measurement and plot helpers.
+from _common import (
     ACCESS,
     CLIENT_CORE,
+    DOCS,
     SECRET,
     SERVER_CORE,
     Processes,
@@ -76,9 +79,12 @@ from restore_vs_redis import (
     free_port,
     measure,
     pin_client,
+    pyplot,
+    save_figure,
     source_state,
     start_ctxstore,
     stats,
+    today,
     version,
     wait_ctxstore,
 )
@@ -107,7 +113,7 @@ class Sink:
             self._head += view
             if len(self._head) < wire.HEAD_LEN.size or len(self._head) < wire.head_length(self._head):
                 return
-            head, end = wire.unpack_head(self._head)
+            head, end = wire.unpack_head(self._head, wire.ANY_HEAD)
             self._targets = targets(self.arena, self.slot, wire.decode_get_head(head, self.n_keys))
             view = memoryview(bytes(self._head[end:]))
         while len(view):
@@ -152,6 +158,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--budget", type=float, default=100.0, help="seconds of timed rounds, at most")
+    parser.add_argument("--plot", type=Path, default=DOCS / "benchmarks-transport.png", help="where to write the PNG")
     args = parser.parse_args()
     if not 1 <= args.runs <= 200 or not 0 <= args.warmup <= 10:
         parser.error("--runs must be 1..200 and --warmup 0..10")
@@ -199,7 +206,7 @@ def main() -> int:
             return {**dict(signer.headers("POST", host, path)), "content-type": "application/x-msgpack"}
 
         # (a) ctxstore's transport on two event loops
-        def ctx_pool_on(loop: asyncio.AbstractEventLoop) -> tuple[object, Pool]:
+        def ctx_pool_on(loop: asyncio.AbstractEventLoop) -> tuple[Callable[[], int], Pool]:
             pool = Pool("127.0.0.1", port, limit=1, connect_timeout=5, read_timeout=20)
 
             async def call() -> int:
@@ -332,7 +339,7 @@ def main() -> int:
                 raise RuntimeError(f"{v.system}: the arena does not hold the blocks")
         load1 = os.getloadavg()
         client = f"on core {CLIENT_CORE}" if pinned else "NOT pinned"
-        print(f"transport_compare: one bulk get of {N_BLOCKS} × {BLOCK >> 10} KiB "
+        print(f"transport_compare, {today()}: one bulk get of {N_BLOCKS} × {BLOCK >> 10} KiB "
               f"({N_BLOCKS * BLOCK >> 20} MiB) from one node; {os.cpu_count()} CPUs, "
               f"server on core {SERVER_CORE}, client {client}; "
               f"{args.runs} rounds after {args.warmup} warm-ups; took {time.monotonic() - started:.0f} s; "
@@ -341,6 +348,8 @@ def main() -> int:
               f"uvloop {version('uvloop')}, ctxstore {version('ctxstore')} ({source_state()})")
         print()
         print_table(variants, len(source))
+        plot(variants, args.plot, f"benchmarks/transport_compare.py, {today()}, {source_state()}, "
+                                  f"load {load0[0]:.1f}→{load1[0]:.1f}")
     finally:
         for cleanup in cleanups:
             try:
@@ -365,6 +374,25 @@ def print_table(variants: Sequence[Variant], nbytes: int) -> None:
         n = len(v.times)
         print(f"| {v.system} | {n} | {med * 1000:.1f} | {p99 * 1000:.1f} | {nbytes / med / 1e9:.2f} | "
               f"{med / base:.2f} | {v.client_cpu / n * 1000:.0f} | {v.server_cpu / n * 1000:.0f} |")
+
+
+def plot(variants: Sequence[Variant], path: Path, note: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    base = stats(variants[0].times)[0]
+    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    medians = [stats(v.times)[0] * 1000 for v in variants]
+    ax.barh(range(len(variants)), medians, color=["#1f77b4" if v.system.startswith(("ctxstore", "ContextStore"))
+                                                  else "#7f7f7f" for v in variants])
+    for i, m in enumerate(medians):
+        ax.text(m, i, f" {m:.0f} ms ({m / 1000 / base:.2f}×)", va="center", fontsize=6)
+    ax.set_yticks(range(len(variants)), [v.system for v in variants], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per bulk get of 2048 × 64 KiB (median; label: time ÷ ctxstore Pool (asyncio))")
+    ax.margins(x=0.3)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    save_figure(plt, fig, path, note)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         try:
-            from ctxstore_server.serve import main as serve
+            # mypy checks the server as the folder server/, not under its installed name
+            from ctxstore_server.serve import main as serve  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
             print(f"ctxstore serve needs the server extra: pip install 'ctxstore[server]' ({exc})", file=sys.stderr)
             return 2
-        return serve(rest)
+        code: int = serve(rest)
+        return code
     if command == "admin":
         from ctxstore.admin import main as admin
 

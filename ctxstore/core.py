@@ -11,14 +11,14 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
 from . import wire
-from .buffers import Destinations, byte_view
+from .buffers import Destinations, Scatter, Target, byte_view
 from .errors import (
     ConfigurationError,
     ContextStoreError,
@@ -32,8 +32,12 @@ from .errors import (
 from .hashing import Fingerprint
 from .metrics import Metrics
 from .pod import Node, Pod, expand_dns, is_ip, parse_nodes
+from .frames import GetReader
 from .sigv4 import Signer
-from .transport import BytesReader, Response, request_head
+from .transport import BodyReader, Buffer, BytesReader, Response, request_head
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,90 +63,24 @@ class RestoreResult:
 
     n_blocks: int
     n_tokens: int
-    blocks: list[memoryview] = field(default_factory=list)
+    blocks: list[Target] = field(default_factory=list, repr=False)  # a Scatter where ``out`` scattered a block
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.blocks)
+
+    def __repr__(self) -> str:  # not two thousand memoryviews
+        return f"RestoreResult(n_blocks={self.n_blocks}, n_tokens={self.n_tokens}, nbytes={self.nbytes})"
 
 
 @dataclass
 class SaveResult:
+    """What :meth:`AsyncNamespace.save` did with each block: stored it, found it already there, or failed
+    (rejected, or its node was down)."""
+
     stored: int = 0
     existed: int = 0
     failed: int = 0
-
-
-class GetReader:
-    """Reads a bulk ``get`` response: head first, then each payload straight into its destination."""
-
-    _DISCARD = memoryview(bytearray(256 << 10))
-
-    def __init__(self, n_keys: int, destinations: Destinations, indices: Sequence[int]) -> None:
-        self._n_keys = n_keys
-        self._dest = destinations
-        self._indices = indices  # global block index of each key of this call
-        self._prefix = bytearray(4)
-        self._head: bytearray | None = None
-        self._pos = 0
-        self.meta: wire.GetResponse | None = None
-        self.views: list[memoryview | None] = []  # per key of this call: where its payload went
-        self._queue: list[tuple[memoryview | None, int, int]] = []  # (target or None, size, key index)
-        self._q = 0
-        # Per key: did its payload verify? Checked the moment a block lands, while it is still in cache
-        # (hashing afterwards, once 128 MiB went by, cost twice as much CPU).
-        self.verified: list[bool] = []
-
-    def get_buffer(self) -> memoryview:
-        if self._head is None:
-            return memoryview(self._prefix)[self._pos:]
-        if self.meta is None:
-            return memoryview(self._head)[self._pos:]
-        target, size, _ = self._queue[self._q]
-        if target is None:
-            return self._DISCARD[:min(size - self._pos, len(self._DISCARD))]
-        return target[self._pos:]
-
-    def written(self, n: int) -> None:
-        self._pos += n
-        if self._head is None:
-            if self._pos == 4:
-                self._head = bytearray(wire.head_length(self._prefix) - 4)
-                self._pos = 0
-                if not self._head:
-                    raise ProtocolError("", 200, "MalformedFrame", "empty get head")
-            return
-        if self.meta is None:
-            if self._pos == len(self._head):
-                head, _ = wire.unpack_head(bytes(self._prefix) + bytes(self._head))
-                self.meta = wire.decode_get_head(head, self._n_keys)
-                self._plan()
-            return
-        target, size, j = self._queue[self._q]
-        if self._pos == size:
-            if target is not None:
-                assert self.meta is not None
-                self.verified[j] = xxhash.xxh3_64_intdigest(target) == self.meta.xxh3[j]
-            self._q += 1
-            self._pos = 0
-            self._skip_empty()
-
-    def _plan(self) -> None:
-        assert self.meta is not None
-        self.verified = [False] * len(self.meta.sizes)
-        for i, size in enumerate(self.meta.sizes):
-            if size == wire.ABSENT:
-                self.views.append(None)
-                continue
-            target = self._dest.view(self._indices[i], size)
-            self.views.append(target)
-            self._queue.append((target, size, i))
-        self._pos = 0
-        self._skip_empty()
-
-    def _skip_empty(self) -> None:
-        while self._q < len(self._queue) and self._queue[self._q][1] == 0:
-            target, _, j = self._queue[self._q]
-            if target is not None:
-                assert self.meta is not None
-                self.verified[j] = xxhash.xxh3_64_intdigest(target) == self.meta.xxh3[j]
-            self._q += 1
 
 
 class AsyncContextStore:
@@ -223,13 +161,16 @@ class AsyncContextStore:
                 raise
             return
         if response.status != 200:
-            text = bytes(response.reader.data).decode("utf-8", "replace")  # type: ignore[attr-defined]
+            data = response.reader.data if isinstance(response.reader, BytesReader) else b""
+            text = bytes(data).decode("utf-8", "replace")
             raise server_error(node.name, response.status, _xml_code(text), text[:300])
 
     # ------------------------------------------------------------------ one call to one node
 
-    async def _call(self, node: Node, bucket: str, op: str, head_bytes: bytes, payloads: Sequence[Any],
-                    reader_factory: Any = None) -> Response:
+    async def _call(self, node: Node, bucket: str, op: str, head_bytes: bytes, payloads: Sequence[Buffer],
+                    reader: BodyReader | None = None) -> Response:
+        """One bulk request; a 200 answer's body goes to ``reader`` (default: a small buffer), others to a
+        buffer the error is read from. Raises the client error of any failure."""
         if not node.up:
             raise NodeUnavailable(node.name, "marked down")
         path = wire.path(bucket, op)
@@ -237,10 +178,8 @@ class AsyncContextStore:
         request = request_head("POST", node.host_header, path,
                                self.signer.headers("POST", node.host_header, path), length)
 
-        def factory(status: int, n: int) -> Any:
-            if status == 200 and reader_factory is not None:
-                return reader_factory()
-            return BytesReader(n)
+        def factory(status: int, n: int) -> BodyReader:
+            return reader if status == 200 and reader is not None else BytesReader(n)
 
         started = time.perf_counter()
         try:
@@ -275,39 +214,55 @@ class AsyncContextStore:
         n = self.limits.keys_per_call
         return [indices[i:i + n] for i in range(0, len(indices), n)]
 
-    async def lookup_keys(self, bucket: str, keys: Sequence[str]) -> list[int]:
-        """Size of each key's block (``wire.ABSENT`` where missing or its node failed)."""
+    async def _exchange(self, node: Node, bucket: str, op: str, head: bytes, decode: Callable[[Response], T], *,
+                        payloads: Sequence[Buffer] = (), reader: BodyReader | None = None,
+                        recreate_bucket: bool = False) -> T | None:
+        """One bulk call to one node and its decoded answer. A failure is counted and answers None (strict mode
+        raises it instead). ``recreate_bucket``: a node that restarted empty since this store created the bucket
+        answers NoSuchBucket; the bucket is created there again, once, and the call repeated."""
+        try:
+            try:
+                response = await self._call(node, bucket, op, head, payloads, reader)
+            except NoSuchBucket:
+                if not (recreate_bucket and bucket in self._buckets):
+                    raise
+                await self._create_on(node, bucket)
+                response = await self._call(node, bucket, op, head, payloads, reader)
+            return decode(response)
+        except (ContextStoreError, wire.WireError) as exc:
+            self._degrade(_as_client_error(node, exc))
+            return None
+
+    async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
+        """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
+        present block from eviction for that many seconds (a restore is about to follow)."""
         sizes = [wire.ABSENT] * len(keys)
 
         async def one(node: Node, idx: list[int]) -> None:
-            try:
-                head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx]))
-                response = await self._call(node, bucket, "lookup", head, ())
-                parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
-                result = wire.decode_lookup_response(parsed, len(idx))
-            except (ContextStoreError, wire.WireError) as exc:
-                self._degrade(_as_client_error(node, exc))
-                return
-            for i, size in zip(idx, result.sizes):
-                sizes[i] = size
+            head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
+            result = await self._exchange(node, bucket, "lookup", head,
+                                          lambda r: wire.decode_lookup_response(_head(r, "lookup", len(idx)), len(idx)))
+            if result is not None:
+                for i, size in zip(idx, result.sizes, strict=True):
+                    sizes[i] = size
 
         await self._fan_out(one, keys)
         return sizes
 
     async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
-                       pin: float = 0.0) -> list[memoryview | None]:
+                       pin: float = 0.0) -> list[Target | None]:
         """Fetch blocks into their destinations; None where missing, failed or corrupt."""
-        views: list[memoryview | None] = [None] * len(keys)
+        views: list[Target | None] = [None] * len(keys)
 
         async def one(node: Node, idx: list[int]) -> None:
             reader = GetReader(len(idx), destinations, idx)
-            try:
-                head = wire.encode_keys_request("get", wire.KeysRequest([keys[i] for i in idx], pin=pin))
-                await self._call(node, bucket, "get", head, (), lambda: reader)
-            except (ContextStoreError, wire.WireError) as exc:
-                self._degrade(_as_client_error(node, exc))
+            head = wire.encode_keys_request("get", wire.KeysRequest([keys[i] for i in idx], pin=pin))
+            if await self._exchange(node, bucket, "get", head, lambda r: reader.finish(), reader=reader) is None:
                 return
-            assert reader.meta is not None
+            if reader.oversized:  # blocks that did not fit the caller's buffers were discarded: misses
+                self.metrics.count("oversized_blocks", len(reader.oversized))
+                if self.strict:
+                    raise ConfigurationError(destinations.error or "a block does not fit its buffer")
             received = 0
             for j, i in enumerate(idx):
                 view = reader.views[j]
@@ -323,8 +278,6 @@ class AsyncContextStore:
             self.metrics.count("bytes_in", received)
 
         await self._fan_out(one, keys)
-        if destinations.error is not None:
-            raise ConfigurationError(destinations.error)
         return views
 
     async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
@@ -337,24 +290,14 @@ class AsyncContextStore:
                     keys=[keys[i] for i in batch], sizes=[len(blocks[i]) for i in batch],
                     xxh3=[xxhash.xxh3_64_intdigest(blocks[i]) for i in batch], ttl=ttl, if_absent=if_absent,
                 )
-                head, payloads = wire.encode_put_head(req), [blocks[i] for i in batch]
-                try:
-                    try:
-                        response = await self._call(node, bucket, "put", head, payloads)
-                    except NoSuchBucket:
-                        if bucket not in self._buckets:
-                            raise
-                        # The node restarted empty since the bucket was created: create it again, once.
-                        await self._create_on(node, bucket)
-                        response = await self._call(node, bucket, "put", head, payloads)
-                    parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
-                    answer = wire.decode_put_response(parsed, len(batch))
-                except (ContextStoreError, wire.WireError) as exc:
-                    self._degrade(_as_client_error(node, exc))
-                    continue
-                result.stored += answer.results.count("stored")
-                result.existed += answer.results.count("exists")
-                self.metrics.count("bytes_out", req.payload_bytes)
+                n = len(batch)  # the answer is decoded before the next batch starts
+                answer = await self._exchange(node, bucket, "put", wire.encode_put_head(req),
+                                              lambda r: wire.decode_put_response(_head(r, "put", n), n),
+                                              payloads=[blocks[i] for i in batch], recreate_bucket=True)
+                if answer is not None:
+                    result.stored += answer.results.count("stored")
+                    result.existed += answer.results.count("exists")
+                    self.metrics.count("bytes_out", req.payload_bytes)
 
         await self._fan_out(one, keys)
         # Everything neither stored nor found: rejected, failed calls, and blocks of nodes marked down.
@@ -374,19 +317,17 @@ class AsyncContextStore:
             size += n
         return [b for b in batches if b]
 
-    async def keys_op(self, bucket: str, op: str, keys: Sequence[str], **fields: Any) -> int:
-        """touch / pin / unpin / delete over the pod; returns how many keys were live."""
+    async def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
+                      seconds: float = 0.0) -> int:
+        """touch (``ttl``) / pin (``seconds``) / unpin / delete over the pod; returns how many keys were live."""
         total = 0
 
         async def one(node: Node, idx: list[int]) -> None:
             nonlocal total
-            try:
-                head = wire.encode_keys_request(op, wire.KeysRequest([keys[i] for i in idx], **fields))
-                response = await self._call(node, bucket, op, head, ())
-                parsed, _ = wire.unpack_head(response.reader.data)  # type: ignore[attr-defined]
-                total += wire.decode_count_response(parsed).count
-            except (ContextStoreError, wire.WireError) as exc:
-                self._degrade(_as_client_error(node, exc))
+            head = wire.encode_keys_request(op, wire.KeysRequest([keys[i] for i in idx], ttl=ttl, seconds=seconds))
+            count = await self._exchange(node, bucket, op, head, lambda r: wire.decode_count_response(_head(r, "count", 0)))
+            if count is not None:
+                total += count.count
 
         await self._fan_out(one, keys)
         return total
@@ -467,7 +408,7 @@ class AsyncNamespace:
         keys = self.block_hashes(tokens)
         destinations = Destinations(out, len(keys))
         views = await self.store.get_keys(self.bucket, keys, destinations, pin=pin)
-        blocks: list[memoryview] = []
+        blocks: list[Target] = []
         for view in views:
             if view is None:
                 break
@@ -517,10 +458,17 @@ async def _gather_all(calls: list[Any]) -> None:
             raise outcome
 
 
+def _head(response: Response, kind: str, n_keys: int) -> dict[str, Any]:
+    """The head of a small (frame-only) answer of ``kind`` to a call of ``n_keys``."""
+    if not isinstance(response.reader, BytesReader):
+        raise wire.WireError("expected a frame-only answer")
+    return wire.unpack_head(response.reader.data, wire.answer_schema(kind, n_keys))[0]
+
+
 def _error_of(node: Node, response: Response) -> ContextStoreError:
-    data = bytes(getattr(response.reader, "data", b""))
+    data = bytes(response.reader.data) if isinstance(response.reader, BytesReader) else b""
     try:
-        head, _ = wire.unpack_head(data)
+        head, _ = wire.unpack_head(data, wire.answer_schema("error", 0))
         err = wire.decode_error(head)
         return server_error(node.name, response.status, err.error, err.message)
     except wire.WireError:

@@ -80,7 +80,7 @@ _TOKEN_RANGE_MSG = "token ids must be integers with 0 <= t < 2**32"
 # token ids -> little-endian uint32 bytes (built once for the whole list)
 
 
-def _u32_array(tokens: Sequence[int]) -> array:
+def _u32_array(tokens: Sequence[int]) -> array[int]:
     """Validated token ids as an ``array`` of native-order uint32."""
     if isinstance(tokens, (str, bytes, bytearray, memoryview)):
         raise TypeError("tokens must be a sequence of int token ids, not str or bytes")
@@ -101,7 +101,7 @@ def _u32_array(tokens: Sequence[int]) -> array:
         raise ValueError(_TOKEN_RANGE_MSG) from exc
 
 
-def _le_bytes(arr: array) -> bytes:
+def _le_bytes(arr: array[int]) -> bytes:
     """The uint32 array as little-endian bytes, whatever the host byte order."""
     if _BIG_ENDIAN_HOST:
         arr = array(_U32_CODE, arr)
@@ -222,7 +222,7 @@ _PACK_U32 = struct.Struct(">BI").pack
 _SMALL_UINTS = [bytes((n,)) for n in range(24)] + [bytes((0x18, n)) for n in range(24, 256)]
 
 
-def _cbor_uints(values: array) -> list[bytes]:
+def _cbor_uints(values: array[int]) -> list[bytes]:
     """CBOR encoding (major type 0, shortest form) of each uint32."""
     small = _SMALL_UINTS
     return [
@@ -258,7 +258,7 @@ def _chain_dynamo(data: bytes, n: int, step: int, block_seed: int) -> list[str]:
     return keys
 
 
-def _chain_vllm(arr: array, n: int, block_size: int, none_hash: bytes) -> list[str]:
+def _chain_vllm(arr: array[int], n: int, block_size: int, none_hash: bytes) -> list[str]:
     encoded = _cbor_uints(arr[: n * block_size])
     tokens_head = _cbor_head(4, block_size)
     sha256 = hashlib.sha256

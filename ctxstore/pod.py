@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from .endpoints import parse_endpoints
 from .errors import ConfigurationError
 from .transport import BytesReader, Pool, request_head
 
@@ -30,25 +31,15 @@ _OWNER_CACHE_LIMIT = 1 << 17
 
 def parse_nodes(nodes: str | Sequence[str]) -> list[tuple[str, int]]:
     """``"a:9000,b:9000"`` or ``["http://a:9000", "b"]`` → [(host, port)]; the port defaults to 9000."""
-    items = [n.strip() for n in nodes.split(",")] if isinstance(nodes, str) else [str(n).strip() for n in nodes]
-    out: list[tuple[str, int]] = []
-    for item in items:
-        if not item:
-            continue
-        if "://" in item:
-            scheme, item = item.split("://", 1)
-            if scheme != "http":
-                raise ConfigurationError(f"unsupported scheme {scheme!r} in {item!r}: the bulk client speaks http")
-        item = item.rstrip("/")
-        host, sep, port = item.rpartition(":") if not item.endswith("]") else (item, "", "")
-        if not sep:
-            host, port = item, "9000"
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigurationError(f"bad node address {item!r}: expected host:port (port 1-65535)")
-        out.append((host.strip("[]"), int(port)))
-    if not out:
-        raise ConfigurationError("no nodes given (pass nodes=... or set CTXSTORE_NODES)")
-    return out
+    try:
+        endpoints = parse_endpoints(nodes)
+    except ValueError as exc:
+        raise ConfigurationError(f"{exc} (pass nodes=... or set CTXSTORE_NODES)") from None
+    for endpoint in endpoints:
+        if endpoint.scheme != "http":
+            raise ConfigurationError(f"unsupported scheme {endpoint.scheme!r} for {endpoint.url}: the bulk client "
+                                     "speaks http")
+    return [(e.host, e.port) for e in endpoints]
 
 
 def expand_dns(entries: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -60,7 +51,7 @@ def expand_dns(entries: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
         except OSError:
             out.append((host, port))  # unresolvable now: keep it; it will be marked down and probed
             continue
-        addresses = sorted({info[4][0] for info in infos})
+        addresses = sorted({str(info[4][0]) for info in infos})
         if len(addresses) > 1 and not is_ip(host):
             out.extend((addr, port) for addr in addresses)
         else:

@@ -1,17 +1,28 @@
 """Client-side AWS Signature V4 for bulk calls (the same credentials a node accepts for S3).
 
 Bodies are sent as ``UNSIGNED-PAYLOAD``: every block carries its own XXH3-64, and hashing hundreds of MiB
-with SHA-256 would cost more than the transfer. The derived signing key is cached per day.
+with SHA-256 would cost more than the transfer. :func:`signing_key` is the one SigV4 key derivation of the
+project: the server verifies with it too.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import time
 from urllib.parse import quote
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
+
+
+@functools.lru_cache(maxsize=256)
+def signing_key(secret: str, day: str, region: str, service: str = "s3") -> bytes:
+    """The SigV4 signing key (four chained HMACs); cached because every request of the day needs it."""
+    key = hmac.digest(("AWS4" + secret).encode("utf-8"), day.encode("utf-8"), "sha256")
+    for part in (region, service, "aws4_request"):
+        key = hmac.digest(key, part.encode("utf-8"), "sha256")
+    return key
 
 
 class Signer:
@@ -21,19 +32,9 @@ class Signer:
         self.access_key = access_key
         self._secret = secret_key
         self.region = region
-        self._day = ""
-        self._key = b""
 
     def __repr__(self) -> str:  # never show the secret
         return f"Signer(access_key={self.access_key!r}, region={self.region!r})"
-
-    def _signing_key(self, day: str) -> bytes:
-        if day != self._day:
-            k = hmac.new(("AWS4" + self._secret).encode(), day.encode(), hashlib.sha256).digest()
-            for part in (self.region, "s3", "aws4_request"):
-                k = hmac.new(k, part.encode(), hashlib.sha256).digest()
-            self._day, self._key = day, k
-        return self._key
 
     def headers(self, method: str, host: str, path: str, query: str = "", now: float | None = None
                 ) -> list[tuple[str, str]]:
@@ -50,7 +51,7 @@ class Signer:
         ])
         scope = f"{day}/{self.region}/s3/aws4_request"
         to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
-        signature = hmac.new(self._signing_key(day), to_sign.encode(), hashlib.sha256).hexdigest()
+        signature = hmac.new(signing_key(self._secret, day, self.region), to_sign.encode(), hashlib.sha256).hexdigest()
         return [
             ("x-amz-date", amz_date),
             ("x-amz-content-sha256", UNSIGNED_PAYLOAD),

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from .buffers import Destinations
+from .buffers import Destinations, Target
 from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult
 
 T = TypeVar("T")
@@ -69,19 +69,20 @@ class ContextStore:
     def create_bucket(self, bucket: str) -> None:
         self._loop.run(self._async.create_bucket(bucket))
 
-    def lookup_keys(self, bucket: str, keys: Sequence[str]) -> list[int]:
-        return self._loop.run(self._async.lookup_keys(bucket, keys))
+    def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
+        return self._loop.run(self._async.lookup_keys(bucket, keys, pin=pin))
 
     def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
-                 pin: float = 0.0) -> list[memoryview | None]:
+                 pin: float = 0.0) -> list[Target | None]:
         return self._loop.run(self._async.get_keys(bucket, keys, destinations, pin=pin))
 
     def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
                  ttl: float | None = None, if_absent: bool = True) -> SaveResult:
         return self._loop.run(self._async.put_keys(bucket, keys, blocks, ttl=ttl, if_absent=if_absent))
 
-    def keys_op(self, bucket: str, op: str, keys: Sequence[str], **fields: Any) -> int:
-        return self._loop.run(self._async.keys_op(bucket, op, keys, **fields))
+    def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
+                seconds: float = 0.0) -> int:
+        return self._loop.run(self._async.keys_op(bucket, op, keys, ttl=ttl, seconds=seconds))
 
     def metrics_snapshot(self) -> dict[str, object]:
         return self._loop.run(_value(self._async.metrics_snapshot))

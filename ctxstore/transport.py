@@ -17,14 +17,20 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from . import wire
 from .errors import ContextStoreError, NodeTimeout, NodeUnavailable, ProtocolError
 
 MAX_HEADER_BYTES = 64 << 10
+SINK_BYTES = 64 << 10  # where bytes go that nobody can take (a broken answer being dropped)
+MAX_SMALL_BODY = wire.HEAD_LEN.size + wire.MAX_HEAD_BYTES  # the longest frame-only answer
 Buffer = bytes | bytearray | memoryview
 
 
 class BodyReader(Protocol):
-    """Where a response body goes. ``get_buffer`` returns a non-empty writable view while bytes remain."""
+    """Where a response body goes: ``begin(length)`` once its Content-Length is known, then ``get_buffer``
+    returns a non-empty writable view while bytes remain (or raises: the answer is malformed)."""
+
+    def begin(self, length: int) -> None: ...
 
     def get_buffer(self) -> memoryview: ...
 
@@ -32,12 +38,17 @@ class BodyReader(Protocol):
 
 
 class BytesReader:
-    """Collects a (small) body into one buffer."""
+    """Collects a small body (a frame-only answer, an error) into one buffer."""
 
     def __init__(self, length: int) -> None:
+        if length > MAX_SMALL_BODY:  # no frame-only answer is this long: do not allocate what a bad length says
+            raise ProtocolError("", 0, "MalformedFrame", f"a {length}-byte answer where a frame was expected")
         self.data = bytearray(length)
         self._view = memoryview(self.data)
         self._pos = 0
+
+    def begin(self, length: int) -> None:
+        pass  # sized at construction
 
     def get_buffer(self) -> memoryview:
         return self._view[self._pos:]
@@ -79,6 +90,12 @@ class Connection(asyncio.BufferedProtocol):
         self._progress = 0
         self._timer: asyncio.TimerHandle | None = None
         self._drain: asyncio.Future[None] | None = None
+        # Set when a get_buffer call cannot place what arrives: the bytes go to the sink until buffer_updated
+        # fails the request and drops the connection. Aborting inside get_buffer instead hands the event loop a
+        # buffer whose transport is gone: uvloop then writes into freed memory and the process dies.
+        self._broken: Exception | None = None
+        self._failing = False
+        self._sink = memoryview(bytearray(SINK_BYTES))
 
     # -------------------------------------------------------------- asyncio protocol callbacks
 
@@ -103,22 +120,32 @@ class Connection(asyncio.BufferedProtocol):
         self._drain = None
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self._in_body:
-            assert self._response is not None
+        """Where the next bytes go. Never fails and never closes anything (see ``_broken``)."""
+        if self._broken is not None or self.transport is None:
+            return self._sink
+        if self._in_body and self._response is not None:
             try:
-                return self._response.reader.get_buffer()
+                view = self._response.reader.get_buffer()
+                if len(view):
+                    return view
+                raise ProtocolError(self.node, self._response.status, "ExtraBytes", "bytes beyond the frame")
             except Exception as exc:  # a body the reader cannot place (e.g. more bytes than its head said)
-                self._reader_failed(exc)
-                return memoryview(bytearray(1))
+                self._broken = exc
+                return self._sink
         view = memoryview(self._scratch)[self._scratch_len:]
         if not view:
-            self._abort(ProtocolError(self.node, 0, "HeadersTooLarge", "response headers exceed 64 KiB"))
-            return memoryview(bytearray(1))
+            self._broken = ProtocolError(self.node, 0, "HeadersTooLarge", "response headers exceed 64 KiB")
+            return self._sink
         return view
 
     def buffer_updated(self, nbytes: int) -> None:
         self.received_any = True
         self._progress += 1
+        if self._broken is not None:  # what arrived went to the sink: fail the request, drop the connection
+            if not self._failing:  # once, and outside the loop's buffer protocol (bytes may still be in flight)
+                self._failing = True
+                self._loop.call_soon(self._reader_failed, self._broken)
+            return
         if self._waiter is None:  # bytes nobody asked for: the stream is out of sync
             self._abort(None)
             return
@@ -185,7 +212,7 @@ class Connection(asyncio.BufferedProtocol):
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         length_text = headers.get("content-length")
-        if length_text is None or not length_text.isdigit():
+        if length_text is None or not (length_text.isascii() and length_text.isdigit()):
             self._abort(ProtocolError(self.node, status, "NoContentLength", "response without Content-Length"))
             return
         if status == 100:  # interim response: drop it and keep parsing
@@ -195,8 +222,17 @@ class Connection(asyncio.BufferedProtocol):
             self._parse_head()
             return
         length = int(length_text)
-        assert self._factory is not None
-        self._response = Response(status, headers, self._factory(status, length))
+        if self._factory is None:
+            self._abort(ProtocolError(self.node, status, "Unexpected", "an answer nobody asked for"))
+            return
+        try:
+            reader = self._factory(status, length)
+            reader.begin(length)
+        except Exception as exc:
+            self._response = None
+            self._reader_failed(exc)
+            return
+        self._response = Response(status, headers, reader)
         if headers.get("connection", "").lower() == "close":
             self.reusable = False
         self._in_body = True
@@ -208,6 +244,8 @@ class Connection(asyncio.BufferedProtocol):
             try:
                 target = self._response.reader.get_buffer()
                 k = min(len(target), len(leftover), self._remaining)
+                if not k:
+                    raise ProtocolError(self.node, status, "ExtraBytes", "bytes the body reader cannot take")
                 target[:k] = leftover[:k]
                 self._response.reader.written(k)
             except Exception as exc:
@@ -347,6 +385,6 @@ class Pool:
 
 def request_head(method: str, host: str, path: str, headers: list[tuple[str, str]], length: int) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", f"host: {host}", f"content-length: {length}",
-             "content-type: application/x-msgpack"]
+             f"content-type: {wire.CONTENT_TYPE}"]
     lines += [f"{k}: {v}" for k, v in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

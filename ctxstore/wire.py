@@ -55,6 +55,7 @@ import msgpack
 
 VERSION = 1
 PREFIX = "/_ctx/v1/bulk"
+CONTENT_TYPE = "application/vnd.msgpack"  # of every bulk request and response body
 OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete")
 HEAD_LEN = struct.Struct(">I")
 MAX_HEAD_BYTES = 16 << 20  # a head bigger than this is malformed whatever the key limits say
@@ -103,22 +104,78 @@ def pack_head(head: dict[str, Any]) -> bytes:
     return HEAD_LEN.pack(len(body)) + body
 
 
-def unpack_head(buf: bytes | bytearray | memoryview) -> tuple[dict[str, Any], int]:
-    """Parse the head at the start of ``buf``; returns (head, offset of the first payload byte)."""
+@dataclass(frozen=True)
+class HeadSchema:
+    """What one kind of head may hold, checked while it is decoded: only these fields (a field of another
+    name is refused before its value is decoded), no array or map longer than ``max_items``, no string longer
+    than ``max_str`` bytes, no binary at all. So a head of any size costs at most a small multiple of its own
+    bytes to decode. ``counted``: the per-key fields, whose overlong arrays are ``TooManyKeys``."""
+
+    fields: frozenset[str]
+    max_items: int
+    max_str: int = MAX_KEY_BYTES
+    counted: frozenset[str] = frozenset()
+
+
+_REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
+    "lookup": ("keys", "pin"), "get": ("keys", "pin"), "put": ("keys", "sizes", "xxh3", "ttl", "if_absent"),
+    "touch": ("keys", "ttl"), "pin": ("keys", "seconds"), "unpin": ("keys",), "delete": ("keys",),
+}
+_ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
+    "lookup": ("prefix", "sizes"), "get": ("sizes", "xxh3", "expires"), "put": ("results", "errors"),
+    "count": ("count",), "error": ("error", "message"),
+}
+MAX_MESSAGE_BYTES = 64 << 10  # of an error message or a rejected block's reason
+
+
+def request_schema(op: str, max_keys: int) -> HeadSchema:
+    """The head of a request of ``op`` on a node that takes at most ``max_keys`` keys per call."""
+    return HeadSchema(frozenset(("v", *_REQUEST_FIELDS[op])), max_keys + 1,
+                      counted=frozenset(("keys", "sizes", "xxh3")))
+
+
+def answer_schema(kind: str, n_keys: int) -> HeadSchema:
+    """The head of an answer (``lookup``, ``get``, ``put``, ``count`` or ``error``) to a call of ``n_keys``."""
+    return HeadSchema(frozenset(("v", *_ANSWER_FIELDS[kind])), max(n_keys, 16), MAX_MESSAGE_BYTES)
+
+
+# Every field of every head, within the frame's own bound: for tools and tests that read any frame.
+ANY_HEAD = HeadSchema(frozenset(["v", *(f for fs in (*_REQUEST_FIELDS.values(), *_ANSWER_FIELDS.values()) for f in fs)]),
+                      max_items=1 << 20, max_str=MAX_MESSAGE_BYTES)
+
+
+def unpack_head(buf: bytes | bytearray | memoryview, schema: HeadSchema) -> tuple[dict[str, Any], int]:
+    """Parse the head at the start of ``buf`` under ``schema``; returns (head, offset of the first payload byte)."""
     if len(buf) < HEAD_LEN.size:
         raise WireError("frame shorter than its length prefix")
-    (n,) = HEAD_LEN.unpack_from(buf, 0)
-    if n > MAX_HEAD_BYTES:
-        raise WireError(f"frame head of {n} bytes exceeds {MAX_HEAD_BYTES}")
-    end = HEAD_LEN.size + n
+    end = head_length(buf)
     if len(buf) < end:
         raise WireError("frame truncated inside its head", "IncompleteBody")
+    body = bytes(buf[HEAD_LEN.size:end])
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=max(len(body), 1),
+                                max_str_len=schema.max_str, max_bin_len=0, max_ext_len=0,
+                                max_array_len=schema.max_items, max_map_len=schema.max_items)
+    unpacker.feed(body)
+    head: dict[str, Any] = {}
+    field = ""
     try:
-        head = msgpack.unpackb(bytes(buf[HEAD_LEN.size:end]), raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several types for garbage
+        n = unpacker.read_map_header()
+        if n > len(schema.fields):
+            raise WireError(f"a head of {n} fields; this one has at most {len(schema.fields)}")
+        for _ in range(n):
+            name = unpacker.unpack()
+            if not isinstance(name, str) or name not in schema.fields:
+                raise WireError(f"unknown field {str(name)[:40]!r} in the head")
+            field = name
+            head[field] = unpacker.unpack()
+        if unpacker.tell() != len(body):
+            raise WireError("bytes after the head's map")
+    except WireError:
+        raise
+    except Exception as exc:  # msgpack raises several types for garbage and for what exceeds the schema's bounds
+        if field in schema.counted and "max_array_len" in str(exc):
+            raise WireError(f"'{field}' is longer than this node takes per call", "TooManyKeys") from None
         raise WireError(f"frame head is not valid msgpack: {exc}") from None
-    if not isinstance(head, dict):
-        raise WireError("frame head must be a map")
     if head.get("v") != VERSION:
         raise WireError(f"unsupported schema version {head.get('v')!r} (this side speaks {VERSION})")
     return head, end
@@ -128,7 +185,7 @@ def head_length(prefix: bytes | bytearray | memoryview) -> int:
     """Total bytes of length prefix + head, given at least the first 4 bytes."""
     if len(prefix) < HEAD_LEN.size:
         raise WireError("frame shorter than its length prefix")
-    (n,) = HEAD_LEN.unpack_from(prefix, 0)
+    n: int = HEAD_LEN.unpack_from(prefix, 0)[0]
     if n > MAX_HEAD_BYTES:
         raise WireError(f"frame head of {n} bytes exceeds {MAX_HEAD_BYTES}")
     return HEAD_LEN.size + n

@@ -8,7 +8,7 @@ random token ids.
 
 One worker is one OS process, driven with JSON lines: it loads the model, prints ``{"event": "ready", ...}``,
 then answers each command read from stdin with one JSON line on stdout (``restore_demo.py`` and
-``tests/test_real_model.py`` drive it). The pod comes from ``CTXSTORE_NODES``, ``CTXSTORE_ACCESS_KEY`` and
+``tests/integrations/test_real_model.py`` drive it). The pod comes from ``CTXSTORE_NODES``, ``CTXSTORE_ACCESS_KEY`` and
 ``CTXSTORE_SECRET_KEY``.
 
 Commands (``op``):

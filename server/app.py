@@ -1,23 +1,36 @@
 """The node's ASGI application: S3 at the root, ctxstore's own APIs under the reserved ``/_ctx/`` prefix
-(``_`` cannot start a bucket name, so no bucket can shadow them), and the background housekeeping."""
+(``_`` cannot start a bucket name, so no bucket can shadow them), and the background housekeeping.
+
+Where a request goes, by path:
+
+=================================  ===========================================================================
+``/_ctx/v1/bulk/<bucket>/<op>``    :class:`~.bulk.service.BulkService` through the request shell
+``/_ctx/v1/admin/...``             the admin API (:mod:`.admin`, FastAPI, bearer token)
+``/_ctx/v1/events[/snapshot]``     :class:`~.events.EventStream`
+``/_ctx/health/live|ready``        :func:`health` (no token)
+``/_ctx/metrics``, ``GET /metrics`` Prometheus (:class:`~.metrics.Metrics`, bearer token)
+anything else                      :class:`~.s3.service.S3Service` through the request shell
+=================================  ===========================================================================
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import socket
-import time
+from functools import partial
 
 from ctxstore import wire
+from ctxstore.admin_schema import ADMIN_PREFIX, HEALTH_LIVE, HEALTH_READY, METRICS_PATH, RESERVED_METRICS_PATH
 
-from .admin.api import PREFIX as ADMIN_PREFIX
 from .admin.api import create_admin_app
-from .asgi import Receive, Scope, Send, send_response
-from .bulk import BulkService
-from .engine.store import Engine, EngineConfig
-from .events import EVENTS_PATH, EventHub
-from .metrics import METRICS_PATH, RESERVED_METRICS_PATH, Metrics, is_scrape
+from .bulk.service import BulkService
+from .engine import Engine
+from .events import EVENTS_PATH, EventHub, EventStream
+from .metrics import Metrics, is_scrape
+from .node import NodeState
+from .protocol import shell
+from .protocol.asgi import Receive, Scope, Send, send_response
 from .s3.service import S3Service
 from .settings import Settings
 from .tenants import TenantRegistry
@@ -25,56 +38,47 @@ from .tenants import TenantRegistry
 log = logging.getLogger("ctxstore")
 
 RESERVED_PREFIX = "/_ctx/"
-BULK_PREFIX = wire.PREFIX + "/"  # the bulk API (server/bulk.py)
+BULK_PREFIX = wire.PREFIX + "/"
 HOUSEKEEPING_INTERVAL = 0.25  # seconds between bounded reaping passes
 HOUSEKEEPING_BATCH = 5000  # expired objects dropped per pass at most
-
-
-def engine_config(settings: Settings) -> EngineConfig:
-    return EngineConfig(
-        budget=settings.memory,
-        default_ttl=settings.default_ttl,
-        max_ttl=settings.max_ttl,
-        max_pin=settings.max_pin,
-        max_object_size=settings.max_object_size,
-        min_part_size=settings.min_part_size,
-        upload_ttl=settings.upload_ttl,
-    )
+_JSON = ("content-type", "application/json")
 
 
 class App:
-    """One ctxstore node."""
+    """One ctxstore node: its parts, wired together, behind one ASGI callable."""
 
     def __init__(self, settings: Settings, tenants: TenantRegistry, engine: Engine | None = None) -> None:
-        self.settings = settings
-        self.tenants = tenants
-        self.engine = engine or Engine(engine_config(settings))
-        self.s3 = S3Service(self.engine, tenants.lookup, settings)
-        self.bulk = BulkService(self.engine, tenants.lookup, settings)
-        self.started = time.time()
-        self.draining = False
-        self.node_id = settings.node_id or f"{socket.gethostname()}:{settings.port}"
-        self.admin_token: str = settings.admin_token
-        self.admin = create_admin_app(self)
-        self.events = EventHub(self)  # store events for routers (docs/events.md)
-        self.metrics = Metrics(self)  # this node's own Prometheus registry (docs/metrics.md)
-        self.s3.metrics = self.bulk.metrics = self.metrics.requests
+        self.node = NodeState.create(settings, tenants, engine)
+        self.metrics = Metrics(self.node)  # first: the services count into it (docs/metrics.md)
+        requests = self.metrics.requests
+        self.s3 = partial(shell.serve, S3Service(self.node.engine, tenants.lookup, settings), requests,
+                          settings.body_timeout)
+        self.bulk = partial(shell.serve, BulkService(self.node.engine, tenants.lookup, settings), requests,
+                            settings.body_timeout)
+        self.events = EventHub(self.node.engine, settings, self.node.node_id)  # for routers (docs/events.md)
+        self.event_stream = EventStream(self.events, self.node)
+        self.admin = create_admin_app(self.node)
         self._housekeeper: asyncio.Task[None] | None = None
+
+    @property
+    def engine(self) -> Engine:
+        return self.node.engine
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if scope["path"].startswith(BULK_PREFIX):
+            path = scope["path"]
+            if path.startswith(BULK_PREFIX):
                 await self.bulk(scope, receive, send)
-            elif scope["path"].startswith(ADMIN_PREFIX):
-                if not self.admin_token:
-                    await send_response(send, 403, [("content-type", "application/json")],
+            elif path.startswith(ADMIN_PREFIX):
+                if not self.node.admin_token:
+                    await send_response(send, 403, [_JSON],
                                         b'{"detail":"admin API disabled: set CTXSTORE_ADMIN_TOKEN"}')
                     return
                 await self.admin(scope, receive, send)
-            elif scope["path"].startswith(RESERVED_PREFIX):
+            elif path.startswith(RESERVED_PREFIX):
                 await self._reserved(scope, receive, send)
-            elif scope["path"] == METRICS_PATH and is_scrape(scope):  # else S3 (a bucket named "metrics")
+            elif path == METRICS_PATH and is_scrape(scope):  # else S3 (a bucket named "metrics")
                 await self.metrics.serve(scope, send)
             else:
                 await self.s3(scope, receive, send)
@@ -84,18 +88,13 @@ class App:
     async def _reserved(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         if path == EVENTS_PATH or path.startswith(EVENTS_PATH + "/"):
-            await self.events.serve(scope, receive, send)
-            return
-        if path == RESERVED_METRICS_PATH:
+            await self.event_stream.serve(scope, receive, send)
+        elif path == RESERVED_METRICS_PATH:
             await self.metrics.serve(scope, send)
-            return
-        if path in ("/_ctx/health/live", "/_ctx/health/ready") and scope["method"] in ("GET", "HEAD"):
-            ok = path.endswith("live") or not self.draining
-            body = b'{"status":"ok"}' if ok else b'{"status":"draining"}'
-            await send_response(send, 200 if ok else 503, [("content-type", "application/json")], body,
-                                head=scope["method"] == "HEAD")
-            return
-        await send_response(send, 404, [("content-type", "application/json")], b'{"error":"no such endpoint"}')
+        elif path in (HEALTH_LIVE, HEALTH_READY) and scope["method"] in ("GET", "HEAD"):
+            await health(self.node, path == HEALTH_READY, scope["method"] == "HEAD", send)
+        else:
+            await send_response(send, 404, [_JSON], b'{"error":"no such endpoint"}')
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -105,7 +104,7 @@ class App:
                 self._housekeeper = asyncio.create_task(self._housekeeping())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                self.draining = True
+                self.node.draining = True
                 if self._housekeeper is not None:
                     self._housekeeper.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -119,6 +118,13 @@ class App:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
-                self.engine.reap(HOUSEKEEPING_BATCH)
+                self.node.engine.reap(HOUSEKEEPING_BATCH)
             except Exception:  # never let housekeeping die silently
                 log.exception("housekeeping pass failed")
+
+
+async def health(node: NodeState, ready: bool, head: bool, send: Send) -> None:
+    """Liveness always answers 200; readiness answers 503 once the node is draining."""
+    ok = not ready or not node.draining
+    body = b'{"status":"ok"}' if ok else b'{"status":"draining"}'
+    await send_response(send, 200 if ok else 503, [_JSON], body, head=head)

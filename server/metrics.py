@@ -1,7 +1,7 @@
 """Prometheus metrics of one node: request metrics observed by the data paths, store metrics read from the
 engine at scrape time, and the ``/metrics`` endpoint (docs/metrics.md).
 
-Every :class:`~ctxstore_server.app.App` owns its own :class:`~prometheus_client.CollectorRegistry`: nothing
+Every node owns its own :class:`~prometheus_client.CollectorRegistry` (:class:`Metrics`): nothing
 here touches prometheus_client's default registry, so several nodes can live in one process (the tests do).
 
 Per-request cost. The S3 and bulk services call :meth:`RequestMetrics.observe_request` once per request.
@@ -16,12 +16,10 @@ histogram families at scrape time.
 from __future__ import annotations
 
 import gzip
-import hmac
 import logging
 import time
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -37,10 +35,9 @@ from prometheus_client.utils import floatToGoString
 
 from ctxstore import __version__
 
-from .asgi import Request, Scope, Send, send_response
-
-if TYPE_CHECKING:
-    from .app import App
+from . import bearer
+from .node import NodeState
+from .protocol.asgi import Request, Scope, Send, ascii_int, raw_header, send_response
 
 audit = logging.getLogger("ctxstore.audit")
 
@@ -55,8 +52,6 @@ DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
                     1.0, 2.5, 5.0, 10.0)
 _LE = tuple(floatToGoString(b) for b in DURATION_BUCKETS) + ("+Inf",)
 
-METRICS_PATH = "/metrics"  # also a valid S3 path (a bucket named "metrics"): see is_scrape()
-RESERVED_METRICS_PATH = "/_ctx/metrics"  # never S3: the reserved prefix cannot start a bucket name
 
 _REQUEST_LABELS = ("api", "operation", "status")
 
@@ -116,7 +111,7 @@ class RequestMetrics(Collector):
         if bytes_out:
             series.io[1] += bytes_out
 
-    def _families(self) -> tuple[Metric, Metric, Metric, Metric]:
+    def _families(self) -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily, CounterMetricFamily]:
         return (
             CounterMetricFamily("ctxstore_requests", "Requests answered, by API, operation and HTTP status.",
                                 labels=_REQUEST_LABELS),
@@ -153,12 +148,11 @@ def body_bytes(req: Request) -> int:
     without the chunk framing), else ``Content-Length``; 0 if neither is usable."""
     headers = req.headers
     declared = headers.get("x-amz-decoded-content-length") or headers.get("content-length")
-    return int(declared) if declared and declared.isdigit() else 0
+    return ascii_int(declared) or 0
 
 
 class StoreCollector(Collector):
-    """Engine gauges and counters, read from ``app.engine.stats()`` at scrape time (nothing on the data
-    path)."""
+    """Engine gauges and counters, read from ``engine.stats()`` at scrape time (nothing on the data path)."""
 
     BUCKET_LEVELS = (  # stats key, metric name, help
         ("objects", "ctxstore_bucket_objects", "Live objects in the bucket."),
@@ -186,12 +180,12 @@ class StoreCollector(Collector):
         ("uploads", "ctxstore_uploads_in_progress", "Multipart uploads not yet completed or aborted."),
     )
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
 
-    def _families(self) -> dict[str, Metric]:
+    def _families(self) -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
         bucket_labels = ("bucket", "tenant")
-        families: dict[str, Metric] = {}
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         for key, name, doc in self.BUCKET_LEVELS:
             families[key] = GaugeMetricFamily(name, doc, labels=bucket_labels)
         for key, name, doc in self.BUCKET_COUNTERS:
@@ -201,39 +195,42 @@ class StoreCollector(Collector):
         families["up"] = GaugeMetricFamily("ctxstore_up", "1: the node is serving (it answered this scrape).")
         families["draining"] = GaugeMetricFamily("ctxstore_draining", "1 once the node is shutting down.")
         families["start"] = GaugeMetricFamily("ctxstore_start_time_seconds", "Unix time the node started.")
-        families["info"] = InfoMetricFamily("ctxstore", "Version and node id.")
         return families
 
     def describe(self) -> Iterable[Metric]:
-        return list(self._families().values())
+        return [*self._families().values(), _info_family()]
 
     def collect(self) -> Iterator[Metric]:
-        app = self.app
-        stats = app.engine.stats()
-        buckets = app.engine.buckets
+        node = self.node
+        stats = node.engine.stats()
         families = self._families()
         for name, counters in sorted(stats["buckets"].items()):
-            bucket = buckets.get(name)
-            labels = [name, bucket.owner if bucket is not None else ""]
+            labels = [name, node.engine.owner_of(name) or ""]
             for key, _, _ in self.BUCKET_LEVELS + self.BUCKET_COUNTERS:
                 families[key].add_metric(labels, counters.get(key, 0))
         for key, _, _ in self.NODE_LEVELS:
             families["node_" + key].add_metric([], stats.get(key, 0))
         families["up"].add_metric([], 1)
-        families["draining"].add_metric([], 1 if app.draining else 0)
-        families["start"].add_metric([], app.started)
-        families["info"].add_metric([], {"version": __version__, "node_id": app.node_id})
+        families["draining"].add_metric([], 1 if node.draining else 0)
+        families["start"].add_metric([], node.started)
+        info = _info_family()
+        info.add_metric([], {"version": __version__, "node_id": node.node_id})
         yield from families.values()
+        yield info
+
+
+def _info_family() -> InfoMetricFamily:
+    return InfoMetricFamily("ctxstore", "Version and node id.")
 
 
 class Metrics:
     """The metrics of one node: its registry, the request metrics and the scrape endpoint."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
         self.registry = CollectorRegistry()
         self.requests = RequestMetrics(self.registry)
-        self.registry.register(StoreCollector(app))
+        self.registry.register(StoreCollector(node))
         # process_* (resident memory, CPU, open fds) of this process, to compare with the budget.
         ProcessCollector(registry=self.registry)
 
@@ -249,42 +246,22 @@ class Metrics:
             await send_response(send, 405, [json, ("allow", "GET, HEAD")],
                                 b'{"detail":"the metrics endpoint takes GET or HEAD"}')
             return
-        expected = self.app.admin_token
+        expected = self.node.admin_token
         if not expected:
             await send_response(send, 403, [json], b'{"detail":"metrics disabled: set CTXSTORE_ADMIN_TOKEN"}',
                                 head=head)
             return
-        if not bearer_matches(scope, expected):
+        if not bearer.matches(raw_header(scope, b"authorization"), expected):
             audit.info("who=anonymous what=%s %s result=401", method, scope["path"])
             await send_response(send, 401, [json, ("www-authenticate", "Bearer")],
                                 b'{"detail":"admin bearer token required"}', head=head)
             return
         body = self.exposition()
         headers = [("content-type", CONTENT_TYPE_LATEST), ("cache-control", "no-store")]
-        if b"gzip" in _header(scope, b"accept-encoding").lower():
+        if b"gzip" in (raw_header(scope, b"accept-encoding") or b"").lower():
             body = gzip.compress(body, compresslevel=6)
             headers.append(("content-encoding", "gzip"))
         await send_response(send, 200, headers, body, head=head)
-
-
-def _header(scope: Scope, name: bytes) -> bytes:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return b""
-
-
-def _bearer(scope: Scope) -> bytes | None:
-    """The token of an ``Authorization: Bearer <token>`` header, or None if the header is anything else."""
-    scheme, _, token = _header(scope, b"authorization").strip().partition(b" ")
-    if scheme.lower() != b"bearer":
-        return None
-    return token.strip()
-
-
-def bearer_matches(scope: Scope, expected: str) -> bool:
-    token = _bearer(scope)
-    return bool(token) and hmac.compare_digest(token or b"", expected.encode())
 
 
 def is_scrape(scope: Scope) -> bool:
@@ -293,4 +270,4 @@ def is_scrape(scope: Scope) -> bool:
     Only a GET or HEAD of exactly ``/metrics`` whose Authorization header uses the ``Bearer`` scheme. S3
     requests are signed (``AWS4-HMAC-SHA256 ...``, ``AWS ...``) or presigned (no Authorization header at all),
     so no valid S3 request is taken for a scrape, and every other request on the path stays S3."""
-    return scope["method"] in ("GET", "HEAD") and _bearer(scope) is not None
+    return scope["method"] in ("GET", "HEAD") and bearer.token_of(raw_header(scope, b"authorization")) is not None

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import math
 import secrets
 import signal
 import sys
@@ -18,10 +19,12 @@ import sys
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ctxstore.admin_schema import generate_key_pair
+
 from . import settings as settings_mod
 from .app import App
 from .settings import Settings
-from .tenants import TenantRegistry, generate_credentials
+from .tenants import TenantRegistry
 
 DEFAULT_TENANT = "default"
 
@@ -50,7 +53,7 @@ def build_tenants(settings: Settings, out=sys.stdout) -> TenantRegistry:  # noqa
                 f"ctxstore: refusing to bind {settings.host} without credentials; set CTXSTORE_ACCESS_KEY and "
                 "CTXSTORE_SECRET_KEY (or CTXSTORE_TENANTS_FILE)"
             )
-        access, secret = generate_credentials()
+        access, secret = generate_key_pair()
         tenants.add(DEFAULT_TENANT, access, secret)
         print("ctxstore: no credentials configured; generated for this run (loopback only):", file=out)
         print(f"  export AWS_ACCESS_KEY_ID={access}", file=out)
@@ -155,8 +158,8 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,
-        timeout_keep_alive=settings.keepalive_timeout,
-        timeout_graceful_shutdown=settings.drain_timeout,
+        timeout_keep_alive=math.ceil(settings.keepalive_timeout),  # uvicorn counts whole seconds
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout),
         server_header=False,
         ssl_certfile=settings.tls_cert or None,
         ssl_keyfile=settings.tls_key or None,
@@ -175,10 +178,10 @@ class DrainingServer(uvicorn.Server):
 
     def __init__(self, config: uvicorn.Config, app: App) -> None:
         super().__init__(config)
-        self.node = app
+        self.app = app
 
     def handle_exit(self, sig: int, frame: object) -> None:
-        self.node.draining = True
+        self.app.node.draining = True
         super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
 

@@ -1,7 +1,9 @@
-"""The settings table: one row per setting (name, type, default, env var, help, runtime-mutable).
+"""The node's settings, declared once: each is a typed field of :class:`Settings` carrying its row of the table
+(type, default, env var, help, runtime-mutable).
 
-The table drives the ``ctxstore serve`` flags, the environment variables and docs/configuration.md
-(``python -m ctxstore_server.settings`` regenerates it). Precedence: flag, then environment, then default.
+The table (:data:`SETTINGS`, derived from the fields) drives the ``ctxstore serve`` flags, the environment
+variables and docs/configuration.md (``python -m ctxstore_server.settings`` regenerates it); the engine's
+configuration is built from a :class:`Settings`. Precedence: flag, then environment, then default.
 """
 
 from __future__ import annotations
@@ -10,10 +12,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ctxstore.units import parse_duration, parse_size
+
+__all__ = ["SETTINGS", "Setting", "Settings", "add_arguments", "markdown", "parse_bool", "parse_duration",
+           "parse_size", "resolve"]
+
 
 def parse_bool(text: str) -> bool:
     value = str(text).strip().lower()
@@ -51,6 +57,8 @@ def choice(*options: str) -> SettingType:
 
 @dataclass(frozen=True)
 class Setting:
+    """One row of the settings table."""
+
     name: str  # attribute name; the flag is --name-with-dashes
     type: SettingType
     default: Any
@@ -60,97 +68,117 @@ class Setting:
     flag: bool = True  # secrets come from the environment only, never from argv (visible in ps)
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("host", STR, "127.0.0.1", "CTXSTORE_HOST",
-            "Address to bind. A non-loopback address requires configured credentials."),
-    Setting("port", INT, 9000, "CTXSTORE_PORT", "TCP port for S3 (and the other APIs under reserved prefixes)."),
-    Setting("memory", SIZE, 1 << 30, "CTXSTORE_MEMORY",
-            "Byte budget for stored objects, multipart parts and uploads in flight (e.g. 4GiB).", mutable=True),
-    Setting("default_ttl", DURATION, 3600.0, "CTXSTORE_DEFAULT_TTL",
-            "TTL when neither the request nor the bucket sets one.", mutable=True),
-    Setting("max_ttl", DURATION, 7 * 86400.0, "CTXSTORE_MAX_TTL", "Upper bound on every TTL.", mutable=True),
-    Setting("max_pin", DURATION, 86400.0, "CTXSTORE_MAX_PIN", "Upper bound on a pin's duration."),
-    Setting("region", STR, "us-east-1", "CTXSTORE_REGION", "Region reported by GetBucketLocation."),
-    Setting("domain", STR, "", "CTXSTORE_DOMAIN",
-            "Enables virtual-hosted-style requests: Host `<bucket>.<domain>` addresses that bucket."),
-    Setting("access_key", STR, "", "CTXSTORE_ACCESS_KEY", "Access key of the default tenant.", flag=False),
-    Setting("secret_key", STR, "", "CTXSTORE_SECRET_KEY", "Secret key of the default tenant.", flag=False),
-    Setting("admin_token", STR, "", "CTXSTORE_ADMIN_TOKEN",
-            "Bearer token of the admin API and /metrics. Generated and printed on a loopback start when unset; "
-            "without it a non-loopback node serves no admin API.", flag=False),
-    Setting("node_id", STR, "", "CTXSTORE_NODE_ID", "This node's name in stats and events (default: host:port)."),
-    Setting("tenants_file", STR, "", "CTXSTORE_TENANTS_FILE",
-            "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ...}]."),
-    Setting("max_object_size", SIZE, 5 << 30, "CTXSTORE_MAX_OBJECT_SIZE", "Largest object or part body accepted."),
-    Setting("min_part_size", SIZE, 5 << 20, "CTXSTORE_MIN_PART_SIZE",
-            "Smallest multipart part except the last (S3 uses 5 MiB)."),
-    Setting("upload_ttl", DURATION, 3600.0, "CTXSTORE_UPLOAD_TTL",
-            "An unfinished multipart upload is dropped (and its memory freed) after this."),
-    Setting("max_xml_size", SIZE, 1 << 20, "CTXSTORE_MAX_XML_SIZE", "Largest XML request body."),
-    Setting("max_header_size", SIZE, 64 << 10, "CTXSTORE_MAX_HEADER_SIZE",
-            "Largest request line plus headers; bigger requests get 400 and the connection closes."),
-    Setting("bulk_max_keys", INT, 16384, "CTXSTORE_BULK_MAX_KEYS",
-            "Most keys one bulk API call may name; more get TooManyKeys and change nothing."),
-    Setting("bulk_max_bytes", SIZE, 1 << 30, "CTXSTORE_BULK_MAX_BYTES",
-            "Most payload bytes one bulk put may carry; more get TooManyBytes before the payloads are read."),
-    Setting("body_timeout", DURATION, 30.0, "CTXSTORE_BODY_TIMEOUT",
-            "A request body that stalls this long (at least 3/4 of it) fails with RequestTimeout; headers must also "
-            "arrive within it."),
-    Setting("keepalive_timeout", DURATION, 30.0, "CTXSTORE_KEEPALIVE_TIMEOUT",
-            "Idle connections (kept alive, or new and silent) close after this."),
-    Setting("drain_timeout", DURATION, 30.0, "CTXSTORE_DRAIN_TIMEOUT",
-            "On SIGTERM, in-flight requests get this long to finish."),
-    Setting("tls_cert", STR, "", "CTXSTORE_TLS_CERT", "PEM certificate: serve HTTPS (with --tls-key)."),
-    Setting("tls_key", STR, "", "CTXSTORE_TLS_KEY", "PEM private key for --tls-cert."),
-    Setting("log_level", STR, "info", "CTXSTORE_LOG_LEVEL", "debug, info, warning or error."),
-    Setting("events_buffer", INT, 100000, "CTXSTORE_EVENTS_BUFFER",
-            "Store events kept for replay by the event stream (`since=`) and the ZMQ replay socket; a consumer "
-            "further behind gets a gap frame and resyncs from a snapshot (docs/events.md)."),
-    Setting("events_consumer_queue", INT, 10000, "CTXSTORE_EVENTS_CONSUMER_QUEUE",
-            "Events one event-stream consumer may have waiting; one that falls further behind gets a gap frame "
-            "and is disconnected."),
-    Setting("events_medium", STR, "CTXSTORE", "CTXSTORE_EVENTS_MEDIUM",
-            "`medium` of every event (stream frames, ZMQ BlockStored/BlockRemoved). Dynamo reads CPU_PINNED, "
-            "DISK and EXTERNAL as its tiers and anything else as GPU."),
-    Setting("events_zmq_pub", STR, "", "CTXSTORE_EVENTS_ZMQ_PUB",
-            "Bind a ZMQ PUB socket here publishing vLLM-format KV event batches, e.g. tcp://127.0.0.1:5557 "
-            "(a leading `>` connects instead). Empty: off."),
-    Setting("events_zmq_replay", STR, "", "CTXSTORE_EVENTS_ZMQ_REPLAY",
-            "Bind the ZMQ ROUTER replay socket here (vLLM's replay protocol), e.g. tcp://127.0.0.1:5558. "
-            "Empty: off."),
-    Setting("events_zmq_topic", STR, "kv-events", "CTXSTORE_EVENTS_ZMQ_TOPIC", "Topic frame of every ZMQ message."),
-    Setting("events_zmq_format", choice("array", "map"), "array", "CTXSTORE_EVENTS_ZMQ_FORMAT",
-            "Each event of a ZMQ batch as a positional array (`array`, vLLM before PR 42892) or a tagged map "
-            "(`map`, vLLM after it)."),
-    Setting("events_zmq_hashes", choice("key", "int", "bytes"), "key", "CTXSTORE_EVENTS_ZMQ_HASHES",
-            "What ZMQ `block_hashes` carry: the key (`key`), its last path segment read as hex, low 64 bits "
-            "(`int`, vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, Dynamo), or that hex as bytes (`bytes`)."),
-    Setting("events_zmq_buckets", STR, "", "CTXSTORE_EVENTS_ZMQ_BUCKETS",
-            "Comma-separated buckets the ZMQ publisher reports (empty: all)."),
-)
-
-_BY_NAME = {s.name: s for s in SETTINGS}
+def setting(default: Any, kind: SettingType, env: str, help: str, *, mutable: bool = False,
+            flag: bool = True) -> Any:
+    """A field of :class:`Settings` with its row of the table (the name is the field's)."""
+    return field(default=default,
+                 metadata={"row": {"type": kind, "env": env, "help": help, "mutable": mutable, "flag": flag}})
 
 
+@dataclass
 class Settings:
-    """Resolved settings: attribute access by name (``settings.memory``)."""
+    """Resolved settings of one node. ``Settings()`` is every default; :func:`resolve` reads flags and
+    environment. The admin API changes the mutable ones at run time."""
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        unknown = set(values) - set(_BY_NAME)
-        if unknown:
-            raise ValueError(f"unknown settings: {sorted(unknown)}")
-        self.__dict__.update({s.name: s.default for s in SETTINGS})
-        self.__dict__.update(values)
+    host: str = setting("127.0.0.1", STR, "CTXSTORE_HOST",
+                "Address to bind. A non-loopback address requires configured credentials.")
+    port: int = setting(9000, INT, "CTXSTORE_PORT",
+                "TCP port for S3 (and the other APIs under reserved prefixes).")
+    memory: int = setting(1 << 30, SIZE, "CTXSTORE_MEMORY",
+                "Byte budget for stored objects, multipart parts and uploads in flight (e.g. 4GiB).", mutable=True)
+    default_ttl: float = setting(3600.0, DURATION, "CTXSTORE_DEFAULT_TTL",
+                "TTL when neither the request nor the bucket sets one.", mutable=True)
+    max_ttl: float = setting(7 * 86400.0, DURATION, "CTXSTORE_MAX_TTL",
+                "Upper bound on every TTL.", mutable=True)
+    max_pin: float = setting(86400.0, DURATION, "CTXSTORE_MAX_PIN",
+                "Upper bound on a pin's duration.")
+    region: str = setting("us-east-1", STR, "CTXSTORE_REGION",
+                "Region reported by GetBucketLocation.")
+    domain: str = setting("", STR, "CTXSTORE_DOMAIN",
+                "Enables virtual-hosted-style requests: Host `<bucket>.<domain>` addresses that bucket.")
+    access_key: str = setting("", STR, "CTXSTORE_ACCESS_KEY",
+                "Access key of the default tenant.", flag=False)
+    secret_key: str = setting("", STR, "CTXSTORE_SECRET_KEY",
+                "Secret key of the default tenant.", flag=False)
+    admin_token: str = setting("", STR, "CTXSTORE_ADMIN_TOKEN",
+                "Bearer token of the admin API and /metrics. Generated and printed on a loopback start when unset; "
+                "without it a non-loopback node serves no admin API.", flag=False)
+    node_id: str = setting("", STR, "CTXSTORE_NODE_ID",
+                "This node's name in stats and events (default: host:port).")
+    tenants_file: str = setting("", STR, "CTXSTORE_TENANTS_FILE",
+                "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ...}].")
+    max_object_size: int = setting(5 << 30, SIZE, "CTXSTORE_MAX_OBJECT_SIZE",
+                "Largest object or part body accepted.")
+    min_part_size: int = setting(5 << 20, SIZE, "CTXSTORE_MIN_PART_SIZE",
+                "Smallest multipart part except the last (S3 uses 5 MiB).")
+    upload_ttl: float = setting(3600.0, DURATION, "CTXSTORE_UPLOAD_TTL",
+                "An unfinished multipart upload is dropped (and its memory freed) after this.")
+    max_xml_size: int = setting(1 << 20, SIZE, "CTXSTORE_MAX_XML_SIZE",
+                "Largest XML request body.")
+    max_header_size: int = setting(64 << 10, SIZE, "CTXSTORE_MAX_HEADER_SIZE",
+                "Largest request line plus headers; bigger requests get 400 and the connection closes.")
+    bulk_max_keys: int = setting(16384, INT, "CTXSTORE_BULK_MAX_KEYS",
+                "Most keys one bulk API call may name; more get TooManyKeys and change nothing.")
+    bulk_max_bytes: int = setting(1 << 30, SIZE, "CTXSTORE_BULK_MAX_BYTES",
+                "Most payload bytes one bulk put may carry; more get TooManyBytes before the payloads are read.")
+    body_timeout: float = setting(30.0, DURATION, "CTXSTORE_BODY_TIMEOUT",
+                "A request body that stalls this long (at least 3/4 of it) fails with RequestTimeout; headers must also "
+                "arrive within it.")
+    keepalive_timeout: float = setting(30.0, DURATION, "CTXSTORE_KEEPALIVE_TIMEOUT",
+                "Idle connections (kept alive, or new and silent) close after this.")
+    drain_timeout: float = setting(30.0, DURATION, "CTXSTORE_DRAIN_TIMEOUT",
+                "On SIGTERM, in-flight requests get this long to finish.")
+    tls_cert: str = setting("", STR, "CTXSTORE_TLS_CERT",
+                "PEM certificate: serve HTTPS (with --tls-key).")
+    tls_key: str = setting("", STR, "CTXSTORE_TLS_KEY",
+                "PEM private key for --tls-cert.")
+    log_level: str = setting("info", STR, "CTXSTORE_LOG_LEVEL",
+                "debug, info, warning or error.")
+    events_buffer: int = setting(100000, INT, "CTXSTORE_EVENTS_BUFFER",
+                "Store events kept for replay by the event stream (`since=`) and the ZMQ replay socket; a consumer "
+                "further behind gets a gap frame and resyncs from a snapshot (docs/events.md).")
+    events_consumer_queue: int = setting(10000, INT, "CTXSTORE_EVENTS_CONSUMER_QUEUE",
+                "Events one event-stream consumer may have waiting; one that falls further behind gets a gap frame "
+                "and is disconnected.")
+    events_medium: str = setting("CTXSTORE", STR, "CTXSTORE_EVENTS_MEDIUM",
+                "`medium` of every event (stream frames, ZMQ BlockStored/BlockRemoved). Dynamo reads CPU_PINNED, "
+                "DISK and EXTERNAL as its tiers and anything else as GPU.")
+    events_zmq_pub: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_PUB",
+                "Bind a ZMQ PUB socket here publishing vLLM-format KV event batches, e.g. tcp://127.0.0.1:5557 "
+                "(a leading `>` connects instead). Empty: off.")
+    events_zmq_replay: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_REPLAY",
+                "Bind the ZMQ ROUTER replay socket here (vLLM's replay protocol), e.g. tcp://127.0.0.1:5558. "
+                "Empty: off.")
+    events_zmq_topic: str = setting("kv-events", STR, "CTXSTORE_EVENTS_ZMQ_TOPIC",
+                "Topic frame of every ZMQ message.")
+    events_zmq_format: str = setting("array", choice("array", "map"), "CTXSTORE_EVENTS_ZMQ_FORMAT",
+                "Each event of a ZMQ batch as a positional array (`array`, vLLM before PR 42892) or a tagged map "
+                "(`map`, vLLM after it).")
+    events_zmq_hashes: str = setting("key", choice("key", "int", "bytes"), "CTXSTORE_EVENTS_ZMQ_HASHES",
+                "What ZMQ `block_hashes` carry: the key (`key`), its last path segment read as hex, low 64 bits "
+                "(`int`, vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, Dynamo), or that hex as bytes (`bytes`).")
+    events_zmq_buckets: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_BUCKETS",
+                "Comma-separated buckets the ZMQ publisher reports (empty: all).")
 
     def as_dict(self, *, redact: bool = True) -> dict[str, Any]:
         out = {s.name: getattr(self, s.name) for s in SETTINGS}
         if redact:
-            for secret in ("secret_key", "admin_token"):
+            for secret in SECRETS:
                 out[secret] = "***" if out[secret] else ""
         return out
 
-    def __getattr__(self, name: str) -> Any:  # for type checkers: attributes are set dynamically
-        raise AttributeError(name)
+    def with_values(self, values: Mapping[str, Any]) -> Settings:
+        """A copy with some settings changed; an unknown name is a ValueError."""
+        unknown = set(values) - set(_BY_NAME)
+        if unknown:
+            raise ValueError(f"unknown settings: {sorted(unknown)}")
+        return replace(self, **values)
+
+
+SECRETS = ("secret_key", "admin_token")
+SETTINGS: tuple[Setting, ...] = tuple(Setting(name=f.name, default=f.default, **f.metadata["row"])
+                                      for f in fields(Settings))
+_BY_NAME = {s.name: s for s in SETTINGS}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -179,7 +207,7 @@ def resolve(args: argparse.Namespace | None = None, env: Mapping[str, str] | Non
         if s.type in (SIZE, DURATION, INT) and not value > 0:
             raise ValueError(f"{source}: must be positive, got {raw!r}")
         values[s.name] = value
-    return Settings(values)
+    return Settings().with_values(values)
 
 
 def format_default(s: Setting) -> str:

@@ -1,18 +1,17 @@
 """Tenants and their S3 credentials.
 
 A tenant owns buckets; each of its access keys signs requests (SigV4). Keys are looked up on every
-request, so the table is a plain dict. The admin API (a later layer) adds and revokes keys at run time.
+request, so the table is a plain dict. The admin API adds and revokes keys at run time.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from .s3.auth import Credentials
+from .protocol.signing import Credentials
 
 _ACCESS_KEY = re.compile(r"^[A-Za-z0-9._\-]{3,128}$")
 
@@ -87,10 +86,3 @@ class TenantRegistry:
                 self.add(str(entry["tenant"]), str(entry["access_key"]), str(entry["secret_key"]))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"tenants file {path}, entry {i}: {exc}") from None
-
-
-def generate_credentials() -> tuple[str, str]:
-    """A random access key (20 uppercase alphanumerics, like AWS's) and a 40-character secret."""
-    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-    access = "CTX" + "".join(secrets.choice(alphabet) for _ in range(17))
-    return access, secrets.token_urlsafe(30)[:40]

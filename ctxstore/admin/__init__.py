@@ -20,7 +20,8 @@ The admin token comes from ``--token`` or ``CTXSTORE_ADMIN_TOKEN`` (prefer the v
 from ..units import parse_duration, parse_size
 from .aggregate import Sample, interval_hit_ratio, node_stats, rates_between
 from .cli import main
-from .common import ENV_NODES, ENV_TOKEN, EXIT_FAILED, EXIT_OK, EXIT_USAGE, STAT_KEYS, UsageError
+from ..admin_schema import STAT_KEYS
+from .common import ENV_NODES, ENV_TOKEN, EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from .nodes import node_name, parse_nodes
 
 __all__ = [

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .common import BUCKET_KEYS, EXIT_FAILED, EXIT_OK, RATES, STAT_KEYS
+from ..admin_schema import BUCKET_KEYS, STAT_KEYS
+from .common import EXIT_FAILED, EXIT_OK, RATES
 from .nodes import NodeResult, node_name
 
 # ---------------------------------------------------------------------------------------------- aggregation
@@ -19,7 +20,7 @@ def ratio(hits: int, misses: int) -> float | None:
 
 def node_stats(raw: dict[str, Any]) -> dict[str, Any]:
     """A node's stats document projected on the stable keys."""
-    out = {k: int(raw.get(k) or 0) for k in STAT_KEYS}
+    out: dict[str, Any] = {k: int(raw.get(k) or 0) for k in STAT_KEYS}
     out["hit_ratio"] = ratio(out["hits"], out["misses"])
     return out
 
@@ -51,7 +52,7 @@ def summarize_buckets(results: Sequence[NodeResult]) -> dict[str, Any]:
             if b.get("owner") and b["owner"] not in entry["owners"]:
                 entry["owners"].append(b["owner"])
             entry["nodes"] += 1
-            detail = {"node": node_name(r.endpoint), **{k: int(b.get(k) or 0) for k in BUCKET_KEYS}}
+            detail: dict[str, Any] = {"node": node_name(r.endpoint), **{k: int(b.get(k) or 0) for k in BUCKET_KEYS}}
             detail["hit_ratio"] = ratio(detail["hits"], detail["misses"])
             detail["policy"] = b.get("policy")
             entry["per_node"].append(detail)

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         pod = Pod(nodes, token=token, timeout=timeout, insecure=getattr(args, "insecure", False))
         ctx = Context(pod=pod, json=getattr(args, "json", False), strict=getattr(args, "strict", False),
                       args=args)
-        return args.func(ctx)
+        code: int = args.func(ctx)
+        return code
     except UsageError as exc:
         print(f"ctxstore admin: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -15,18 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ..admin_schema import ADMIN_PREFIX, HEALTH_LIVE, HEALTH_READY, MUTABLE_SETTINGS, generate_key_pair
 from ..units import parse_duration, parse_size
 from .aggregate import Sample, exit_code, summarize_buckets, summarize_stats, summarize_tenants, top_frame
-from .common import (
-    ADMIN_PREFIX,
-    EXIT_FAILED,
-    EXIT_OK,
-    HEALTH_PREFIX,
-    MUTABLE_SETTINGS,
-    NodeError,
-    UsageError,
-)
-from .nodes import Pod, generate_key_pair, node_name
+from .common import EXIT_FAILED, EXIT_OK, NodeError, UsageError
+from .nodes import Pod, node_name
 from .render import (
     _console,
     _print_problems,
@@ -366,13 +359,13 @@ def health_of(pod: Pod) -> dict[str, Any]:
                                  "node_id": None, "version": None, "uptime": None}
         started = time.perf_counter()
         try:
-            pod.call(endpoint, "GET", f"{HEALTH_PREFIX}/live", auth=False)
+            pod.call(endpoint, "GET", HEALTH_LIVE, auth=False)
             entry.update(ok=True, status="up", live=True, ms=round((time.perf_counter() - started) * 1000, 1))
         except NodeError as exc:
             entry.update(status=exc.kind, error=str(exc))
             return entry
         try:
-            pod.call(endpoint, "GET", f"{HEALTH_PREFIX}/ready", auth=False)
+            pod.call(endpoint, "GET", HEALTH_READY, auth=False)
             entry["ready"] = True
         except NodeError as exc:
             entry["error"] = f"not ready: {exc}"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
-import secrets
 import socket
 import ssl
 import time
@@ -16,48 +14,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..endpoints import parse_endpoints
 from .common import DEFAULT_TIMEOUT, ENV_NODES, NodeError, UsageError
 
 # ---------------------------------------------------------------------------------------------- parsing
 
-def normalize_endpoint(text: str) -> str:
-    """``host:port`` → ``http://host:port``; ``https://host:port/`` → ``https://host:port``."""
-    raw = text.strip()
-    if "://" not in raw:
-        raw = "http://" + raw
-    parts = urllib.parse.urlsplit(raw)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"not a node address: {text!r} (expected host:port or http(s)://host:port)")
-    try:
-        parts.port  # noqa: B018 - validates the port
-    except ValueError:
-        raise UsageError(f"not a node address: {text!r} (bad port)") from None
-    return f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
-
-
 def parse_nodes(text: str) -> list[str]:
-    """A comma- or space-separated list of nodes, normalized and deduplicated in order."""
-    out: list[str] = []
-    for item in re.split(r"[\s,]+", text or ""):
-        if item:
-            endpoint = normalize_endpoint(item)
-            if endpoint not in out:
-                out.append(endpoint)
-    if not out:
-        raise UsageError(f"no nodes given (--nodes host:port,host:port or {ENV_NODES})")
-    return out
+    """A comma- or space-separated list of nodes as URLs, deduplicated in order (:mod:`ctxstore.endpoints`)."""
+    try:
+        return [endpoint.url for endpoint in parse_endpoints(text or "")]
+    except ValueError as exc:
+        raise UsageError(f"{exc} (--nodes host:port,host:port or {ENV_NODES})") from None
 
 
 def node_name(endpoint: str) -> str:
     """How a node is shown: ``host:port`` for plain HTTP, the full URL otherwise."""
     return endpoint[len("http://"):] if endpoint.startswith("http://") else endpoint
-
-
-def generate_key_pair() -> tuple[str, str]:
-    """An access key (``CTX`` + 17 uppercase alphanumerics, AWS-shaped) and a 40-character secret."""
-    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-    access = "CTX" + "".join(secrets.choice(alphabet) for _ in range(17))
-    return access, secrets.token_urlsafe(30)[:40]
 
 
 # ---------------------------------------------------------------------------------------------- transport

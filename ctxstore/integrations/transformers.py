@@ -456,8 +456,8 @@ def cache_from_tensors(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> An
         layer = DynamicLayer()
         try:
             layer.lazy_initialization(keys, values)
-        except TypeError:  # transformers 4.5x: lazy_initialization(key_states)
-            layer.lazy_initialization(keys)
+        except TypeError:  # transformers 4.5x: lazy_initialization(key_states), not the signature installed
+            getattr(layer, "lazy_initialization")(keys)  # noqa: B009
         layer.keys, layer.values = keys, values
         cache.layers.append(layer)
     return cache

@@ -15,7 +15,7 @@ Payload = Union[bytes, bytearray]
 
 # Fixed bytes charged per object on top of its payload, key and metadata: the Python objects that hold it
 # (the record with its slots, the sorted-index and LRU entries, the expiry-heap tuple). Measured with
-# tracemalloc by benchmarks/object_overhead.py (642 bytes measured; charged with headroom); see docs/architecture.md.
+# tracemalloc by benchmarks/object_overhead.py (694 bytes measured; charged with headroom); see docs/architecture.md.
 OBJECT_OVERHEAD = 700
 
 
@@ -24,7 +24,7 @@ class StoredObject:
 
     __slots__ = (
         "bucket", "key", "data", "size", "etag", "xxh3", "created", "ttl", "expires_at", "pinned_until",
-        "content_type", "headers", "user_meta", "checksums", "parts_count", "charge", "live", "tick",
+        "content_type", "headers", "user_meta", "checksums", "parts_count", "charge", "live", "tick", "tenant",
     )
 
     def __init__(
@@ -42,8 +42,10 @@ class StoredObject:
         user_meta: dict[str, str],
         checksums: dict[str, str],
         parts_count: int = 0,
+        tenant: str = "",
     ) -> None:
         self.bucket = bucket
+        self.tenant = tenant  # the bucket's owner
         self.key = key
         self.data = data
         self.size = len(data)
@@ -116,8 +118,8 @@ class Bucket:
     default_ttl: float | None = None  # falls back to the server default
     sliding_ttl: bool = False  # reads push the expiry forward by the object's TTL class
     quota: int = 0  # bytes the bucket may hold (0 = no quota); over it, its own LRU objects go first
-    objects: SortedDict = field(default_factory=SortedDict)  # key -> StoredObject
-    lru: OrderedDict = field(default_factory=OrderedDict)  # StoredObject -> None, least recently used first
+    objects: SortedDict[str, StoredObject] = field(default_factory=SortedDict)  # kept in key order
+    lru: OrderedDict[StoredObject, None] = field(default_factory=OrderedDict)  # least recently used first
     stats: BucketStats = field(default_factory=BucketStats)
 
     def policy(self) -> dict[str, object]:

@@ -1,30 +1,28 @@
-"""The in-memory block engine: buckets, objects, byte budget, TTL, pins, eviction and multipart uploads.
+"""The object store of the engine: buckets, objects, TTLs, pins and eviction.
 
-No HTTP here. Every method runs to completion on the caller's thread without yielding, so a call is atomic
-with respect to every other call made from the same event loop: a conditional write is checked and applied
-in one step, and a reader never sees half an object.
+Every method runs to completion without yielding, so a call is atomic with respect to every other call made
+from the same event loop: a conditional write is checked and applied in one step, and a reader never sees
+half an object.
 
-Capacity: ``used`` counts committed objects (payload, key, metadata, fixed overhead), multipart parts and
-reservations taken by uploads still in flight. Room is made *before* a body is read, so memory never
-exceeds the budget by more than the object being committed. Making room evicts expired objects first,
-then the least recently used unpinned ones; every step is O(log n) and a write evicts only what it needs.
+Making room evicts expired objects first (an expiry heap, O(log n) per object), then the least recently used
+unpinned ones. Each bucket keeps its own LRU list; choosing a victim compares the heads of the lists that
+apply (all buckets for the node budget, one for a bucket quota, the tenant's for a tenant quota), so it costs
+O(buckets) per victim, and a write evicts only what it needs.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from types import MappingProxyType
 
 import xxhash
 
 from . import errors
-from .multipart import MultipartMixin
-from .objects import OBJECT_OVERHEAD, Bucket, BucketStats, Payload, StoredObject, Upload, etag_matches
-from .operator import OperatorMixin, add_counters
+from .budget import Budget, Reservation
+from .config import EngineConfig
+from .objects import OBJECT_OVERHEAD, Bucket, Payload, StoredObject, etag_matches
 
 # Shared by every object without metadata of a kind: three empty dicts per object would cost ~200 bytes.
 _EMPTY: dict[str, str] = MappingProxyType({})  # type: ignore[assignment]
@@ -32,61 +30,20 @@ _EMPTY: dict[str, str] = MappingProxyType({})  # type: ignore[assignment]
 # Why an object left the store; also the `reason` of a removal event.
 REMOVAL_REASONS = ("evicted", "expired", "deleted", "flushed", "replaced")
 
-RemovalListener = Callable[[StoredObject, str], None]
 StoreListener = Callable[[StoredObject], None]
+RemovalListener = Callable[[StoredObject, str], None]
+Clock = Callable[[], float]
 
 
-@dataclass
-class EngineConfig:
-    """Engine limits. Byte figures are bytes, durations seconds."""
+class ObjectStore:
+    """Buckets and their objects, charged against a :class:`Budget`."""
 
-    budget: int = 1 << 30
-    default_ttl: float = 3600.0
-    max_ttl: float = 7 * 86400.0
-    max_pin: float = 86400.0
-    max_object_size: int = 5 << 30
-    min_part_size: int = 5 << 20
-    max_parts: int = 10000
-    upload_ttl: float = 3600.0  # an abandoned multipart upload is dropped after this
-    max_pinned_scan: int = 10000  # pinned objects one write may step over before it gives up
-
-
-class Reservation:
-    """Budget set aside for an upload in flight; released on commit or on failure (idempotent)."""
-
-    __slots__ = ("_engine", "nbytes")
-
-    def __init__(self, engine: Engine, nbytes: int) -> None:
-        self._engine = engine
-        self.nbytes = nbytes
-
-    def release(self) -> None:
-        if self.nbytes:
-            self._engine._release(self.nbytes)
-            self.nbytes = 0
-
-    def __enter__(self) -> Reservation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-class Engine(MultipartMixin, OperatorMixin):
-    """All buckets and objects of one node. See the module docstring for the guarantees."""
-
-    def __init__(self, config: EngineConfig | None = None, clock: Callable[[], float] = time.time) -> None:
-        self.config = config or EngineConfig()
+    def __init__(self, config: EngineConfig, budget: Budget, clock: Clock) -> None:
+        self.config = config
+        self.budget = budget
         self.clock = clock
         self.buckets: dict[str, Bucket] = {}
-        self.uploads: dict[str, Upload] = {}
-        self.used = 0  # bytes charged: objects + parts + reservations
-        self.reserved = 0  # of which: reservations for uploads in flight
-        self.parts_bytes = 0  # of which: multipart parts
-        self.pinned_bytes = 0  # of which: objects pinned right now (refreshed lazily)
         self._ticks = itertools.count(1)  # recency: every write and recorded read takes the next tick
-        self.tenant_quota: dict[str, int] = {}  # tenant -> bytes it may hold (absent/0 = no quota)
-        self.tenant_charged: dict[str, int] = {}  # tenant -> bytes its objects count
         # Heaps of (time, seq, bucket, key). They name objects rather than hold them, so a removed object's
         # payload is freed at once instead of lingering until its old expiry; stale entries are skipped.
         self._expiry: list[tuple[float, int, str, str]] = []
@@ -94,7 +51,6 @@ class Engine(MultipartMixin, OperatorMixin):
         self._seq = itertools.count()
         self.on_store: list[StoreListener] = []
         self.on_remove: list[RemovalListener] = []
-        self.removed_stats = BucketStats()  # counters of deleted buckets, so global totals never go back
 
     # ------------------------------------------------------------------ buckets
 
@@ -117,20 +73,26 @@ class Engine(MultipartMixin, OperatorMixin):
             raise errors.AccessDenied(bucket=name)
         return bucket
 
+    def bucket_named(self, name: str) -> Bucket:
+        """A bucket whoever owns it (operators act across tenants)."""
+        bucket = self.buckets.get(name)
+        if bucket is None:
+            raise errors.NoSuchBucket(bucket=name)
+        return bucket
+
     def list_buckets(self, tenant: str) -> list[Bucket]:
         return sorted((b for b in self.buckets.values() if b.owner == tenant), key=lambda b: b.name)
 
-    def delete_bucket(self, tenant: str, name: str) -> None:
+    def remove_bucket(self, tenant: str, name: str) -> Bucket:
+        """Delete an empty bucket (expired objects are dropped with it); returns it for its counters."""
         bucket = self.bucket(tenant, name)
         now = self.clock()
         if any(not obj.expired(now) for obj in bucket.objects.values()):
             raise errors.BucketNotEmpty(bucket=name)
         for obj in list(bucket.objects.values()):
             self._remove(obj, "expired")
-        for upload in [u for u in self.uploads.values() if u.bucket == name]:
-            self._drop_upload(upload)
-        add_counters(self.removed_stats, bucket.stats)
         del self.buckets[name]
+        return bucket
 
     # ------------------------------------------------------------------ capacity
 
@@ -142,37 +104,33 @@ class Engine(MultipartMixin, OperatorMixin):
         if nbytes > self.config.max_object_size:
             raise errors.EntityTooLarge(f"object of {nbytes} bytes exceeds the maximum {self.config.max_object_size}")
         charge = nbytes + OBJECT_OVERHEAD
-        self._make_room(charge)
-        self.used += charge
-        self.reserved += charge
-        return Reservation(self, charge)
+        self.make_room(charge)
+        return self.budget.hold(charge)
 
-    def _release(self, nbytes: int) -> None:
-        self.used -= nbytes
-        self.reserved -= nbytes
+    def make_room(self, need: int, replacing: StoredObject | None = None) -> None:
+        """Evict until ``need`` more bytes fit in the budget.
 
-    def _make_room(self, need: int, replacing: StoredObject | None = None) -> None:
-        """``replacing``: the live object the new one replaces; its bytes count as free and it is not evicted."""
-        budget = self.config.budget
-        if need > budget:
-            raise errors.EntityTooLarge(f"{need} bytes cannot fit in a budget of {budget}")
+        ``replacing``: the live object the new one replaces; its bytes count as free and it is not evicted."""
+        budget = self.budget
+        if need > budget.limit:
+            raise errors.EntityTooLarge(f"{need} bytes cannot fit in a budget of {budget.limit}")
         credit = replacing.charge if replacing is not None else 0
-        if self.used - credit + need <= budget:
+        if budget.fits(need, credit):
             return
         now = self.clock()
         self._reap_expired(now, limit=None, stop_when_fits=need - credit)
-        if self.used - credit + need <= budget:
+        if budget.fits(need, credit):
             return
-        self._drain_pins(now)
-        evictable = self.used - self.reserved - self.parts_bytes - self.pinned_bytes
+        self.drain_pins(now)
+        evictable = budget.evictable()
         if replacing is not None and not replacing.pinned(now):
             evictable -= credit
-        if self.used - credit - evictable + need > budget:
+        if budget.used - credit - evictable + need > budget.limit:
             raise errors.InsufficientCapacity("everything left in the budget is pinned or being written")
-        self._evict_lru(lambda: self.used - credit + need <= budget, self.buckets.values(), now, replacing)
+        self.evict_lru(lambda: budget.fits(need, credit), self.buckets.values(), now, replacing)
 
-    def _evict_lru(self, fits: Callable[[], bool], buckets: Iterable[Bucket], now: float,
-                   spare: StoredObject | None = None) -> None:
+    def evict_lru(self, fits: Callable[[], bool], buckets: Iterable[Bucket], now: float,
+                  spare: StoredObject | None = None) -> None:
         """Evict least recently used objects of ``buckets`` until ``fits()``, never a pinned one (nor ``spare``).
 
         Each bucket keeps its own LRU list; the victim is the oldest head across them (objects carry an
@@ -200,13 +158,17 @@ class Engine(MultipartMixin, OperatorMixin):
                 continue
             self._remove(victim, "evicted")
 
+    def reap_expired(self, limit: int | None) -> int:
+        """Drop up to ``limit`` expired objects (all of them for None); returns how many."""
+        return self._reap_expired(self.clock(), limit)
+
     def _reap_expired(self, now: float, limit: int | None, stop_when_fits: int | None = None) -> int:
         removed = 0
         heap = self._expiry
         while heap and heap[0][0] <= now:
             if limit is not None and removed >= limit:
                 break
-            if stop_when_fits is not None and self.used + stop_when_fits <= self.config.budget:
+            if stop_when_fits is not None and self.budget.fits(stop_when_fits):
                 break
             expires_at, _, bucket, key = heapq.heappop(heap)
             obj = self._find(bucket, key)
@@ -215,34 +177,28 @@ class Engine(MultipartMixin, OperatorMixin):
                 removed += 1
         return removed
 
+    def compact_expiry_heap(self) -> None:
+        """Drop stale entries once they are most of the heap (TTL changes and removals leave them behind)."""
+        live = sum(len(b.objects) for b in self.buckets.values())
+        if len(self._expiry) > 2 * live + 1024:
+            self._expiry = [e for e in self._expiry if (o := self._find(e[2], e[3])) and o.expires_at == e[0]]
+            heapq.heapify(self._expiry)
+
     def _find(self, bucket: str, key: str) -> StoredObject | None:
         """The live object at (bucket, key) whatever its expiry, or None."""
         b = self.buckets.get(bucket)
         return None if b is None else b.objects.get(key)
 
-    def _drain_pins(self, now: float) -> None:
+    def drain_pins(self, now: float) -> None:
+        """Stop counting pins that have ended as pinned bytes."""
         heap = self._pins
         while heap and heap[0][0] <= now:
             until, _, bucket, key = heapq.heappop(heap)
             obj = self._find(bucket, key)
             if obj is not None and obj.pinned_until == until:
-                self.pinned_bytes -= obj.charge
+                self.budget.pinned -= obj.charge
                 self.buckets[bucket].stats.pinned_bytes -= obj.charge
-                obj.pinned_until = 0.0  # drained: no longer counted in pinned_bytes
-
-    def reap(self, limit: int = 10000) -> int:
-        """Background housekeeping: drop up to ``limit`` expired objects and stale uploads. Returns the count."""
-        now = self.clock()
-        removed = self._reap_expired(now, limit)
-        self._drain_pins(now)
-        stale = [u for u in self.uploads.values() if u.created + self.config.upload_ttl <= now]
-        for upload in stale[:limit]:
-            self._drop_upload(upload)
-        live = sum(len(b.objects) for b in self.buckets.values())
-        if len(self._expiry) > 2 * live + 1024:  # mostly stale entries (TTL changes, removals): compact
-            self._expiry = [e for e in self._expiry if (o := self._find(e[2], e[3])) and o.expires_at == e[0]]
-            heapq.heapify(self._expiry)
-        return removed
+                obj.pinned_until = 0.0  # drained: no longer counted in pinned bytes
 
     # ------------------------------------------------------------------ objects
 
@@ -280,18 +236,19 @@ class Engine(MultipartMixin, OperatorMixin):
             reservation.release()  # first: a put that fails must not keep the budget
         bucket = self.bucket(tenant, bucket_name)
         now = self.clock()
-        self._check_conditions(bucket, key, now, if_none_match, if_match)
+        self.check_conditions(bucket, key, now, if_none_match, if_match)
         ttl_s = self.resolve_ttl(bucket, ttl)
         obj = StoredObject(
             bucket=bucket_name, key=key, data=data, etag=etag,
             xxh3=xxhash.xxh3_64_intdigest(data) if xxh3 is None else xxh3,
             created=now, ttl=ttl_s, content_type=content_type, headers=headers or _EMPTY,
             user_meta=user_meta or _EMPTY, checksums=checksums or _EMPTY, parts_count=parts_count,
+            tenant=bucket.owner,
         )
         old = bucket.objects.get(key)
         live_old = old if old is not None and not old.expired(now) else None
         self._within_quotas(bucket, obj.charge, live_old, now)
-        self._make_room(obj.charge, replacing=live_old)
+        self.make_room(obj.charge, replacing=live_old)
         old = bucket.objects.get(key)  # an expired one may have been reaped to make room
         if old is not None:
             self._remove(old, "replaced" if old is live_old else "expired")
@@ -305,20 +262,24 @@ class Engine(MultipartMixin, OperatorMixin):
     def _within_quotas(self, bucket: Bucket, need: int, replacing: StoredObject | None, now: float) -> None:
         """Make room under the bucket's and the tenant's byte quotas by evicting their own LRU objects."""
         credit = replacing.charge if replacing is not None else 0
-        quota = self.tenant_quota.get(bucket.owner, 0)
+        quota, _ = self.budget.tenant_usage(bucket.owner)
         # Both size checks come before any eviction: a write refused by one quota must not evict for the other.
         if bucket.quota and need > bucket.quota:
             raise errors.EntityTooLarge(f"{need} bytes exceed the bucket quota of {bucket.quota}")
         if quota and need > quota:
             raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
         if bucket.quota:
-            self._evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, [bucket], now, replacing)
+            self.evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, [bucket], now, replacing)
         if quota:
-            owned = [b for b in self.buckets.values() if b.owner == bucket.owner]
-            self._evict_lru(lambda: self.tenant_charged.get(bucket.owner, 0) - credit + need <= quota, owned, now,
-                            replacing)
+            self.evict_within_tenant(bucket.owner, quota, now, need - credit, replacing)
 
-    def _check_conditions(
+    def evict_within_tenant(self, tenant: str, quota: int, now: float, need: int = 0,
+                            spare: StoredObject | None = None) -> None:
+        """Evict the tenant's own LRU objects until its charge plus ``need`` fits its quota."""
+        owned = [b for b in self.buckets.values() if b.owner == tenant]
+        self.evict_lru(lambda: self.budget.tenant_usage(tenant)[1] + need <= quota, owned, now, spare)
+
+    def check_conditions(
         self, bucket: Bucket, key: str, now: float, if_none_match: bool, if_match: str | None
     ) -> None:
         current = bucket.objects.get(key)
@@ -337,11 +298,14 @@ class Engine(MultipartMixin, OperatorMixin):
         obj.tick = next(self._ticks)
         bucket.lru[obj] = None
         heapq.heappush(self._expiry, (obj.expires_at, next(self._seq), obj.bucket, obj.key))
-        self.used += obj.charge
+        self.budget.charge_object(bucket.owner, obj.charge)
         bucket.stats.objects += 1
         bucket.stats.bytes += obj.size
         bucket.stats.charged += obj.charge
-        self.tenant_charged[bucket.owner] = self.tenant_charged.get(bucket.owner, 0) + obj.charge
+
+    def remove(self, obj: StoredObject, reason: str) -> None:
+        """Take ``obj`` out of the store (a no-op if it is gone already) and tell the listeners why."""
+        self._remove(obj, reason)
 
     def _remove(self, obj: StoredObject, reason: str) -> None:
         if not obj.live:
@@ -356,7 +320,6 @@ class Engine(MultipartMixin, OperatorMixin):
             stats.bytes -= obj.size
             stats.charged -= obj.charge
             bucket.lru.pop(obj, None)
-            self.tenant_charged[bucket.owner] -= obj.charge
             if obj.pinned_until:
                 stats.pinned_bytes -= obj.charge
             if reason == "evicted":
@@ -365,9 +328,9 @@ class Engine(MultipartMixin, OperatorMixin):
                 stats.expirations += 1
             elif reason == "deleted":
                 stats.deletes += 1
-        self.used -= obj.charge
+        self.budget.uncharge_object(obj.tenant, obj.charge)
         if obj.pinned_until:  # counted until drained, even once ended
-            self.pinned_bytes -= obj.charge
+            self.budget.pinned -= obj.charge
         obj.pinned_until = 0.0
         for listener in self.on_remove:
             listener(obj, reason)
@@ -433,6 +396,18 @@ class Engine(MultipartMixin, OperatorMixin):
             if not obj.expired(now):
                 yield obj
 
+    def under(self, name: str, prefix: str) -> list[StoredObject]:
+        """Every object of bucket ``name`` (expired or not) whose key starts with ``prefix``."""
+        bucket = self.bucket_named(name)
+        if not prefix:
+            return list(bucket.objects.values())
+        out = []
+        for key in bucket.objects.irange(minimum=prefix):
+            if not key.startswith(prefix):
+                break
+            out.append(bucket.objects[key])
+        return out
+
     def pin(self, tenant: str, bucket_name: str, keys: Iterable[str], seconds: float) -> int:
         """Protect live objects from eviction for ``seconds`` (capped by max_pin). Returns how many."""
         if not seconds > 0:
@@ -449,7 +424,7 @@ class Engine(MultipartMixin, OperatorMixin):
             if obj.pinned_until >= until:
                 continue
             if not obj.pinned_until:  # not counted yet (an ended pin stays counted until drained)
-                self.pinned_bytes += obj.charge
+                self.budget.pinned += obj.charge
                 bucket.stats.pinned_bytes += obj.charge
             obj.pinned_until = until
             heapq.heappush(self._pins, (until, next(self._seq), obj.bucket, obj.key))
@@ -462,7 +437,7 @@ class Engine(MultipartMixin, OperatorMixin):
         for key in keys:
             obj = bucket.objects.get(key)
             if obj is not None and obj.pinned(now):
-                self.pinned_bytes -= obj.charge
+                self.budget.pinned -= obj.charge
                 bucket.stats.pinned_bytes -= obj.charge
                 obj.pinned_until = 0.0
                 count += 1

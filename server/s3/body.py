@@ -1,5 +1,5 @@
-"""Reading an object (or part) upload body: plain or aws-chunked, into one buffer of the declared size,
-verifying every digest the client sent before anything is committed."""
+"""Reading S3 request bodies: an object (or part) upload, plain or aws-chunked, into one buffer of the
+declared size, verifying every digest the client sent before anything is committed; and small XML bodies."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import hashlib
 import hmac
 from dataclasses import dataclass, field
 
-from ..asgi import BodyTimeout, Request
-from ..engine.store import Engine, Reservation
-from .auth import AuthContext
+from ..engine import Engine, Reservation
+from ..protocol.asgi import BodyTimeout, Request, ascii_int
+from ..protocol.auth import AuthContext
+from ..protocol.chunked import AwsChunkedDecoder
+from ..protocol.payload import PayloadHash
+from .call import Call
 from .checksums import Checksum, parse_content_md5, requested_checksums, trailer_algorithm, verify
-from .chunked import AwsChunkedDecoder
 from .errors import S3Error
 
 
@@ -33,10 +35,10 @@ def declared_length(req: Request, auth: AuthContext, max_size: int) -> int:
     raw = req.headers.get(name)
     if raw is None:
         raise S3Error("MissingContentLength", f"You must provide the {name} HTTP header.")
-    if not raw.strip().isdigit():
+    length = ascii_int(raw)
+    if length is None:
         raise S3Error("InvalidArgument", f"{name} must be a non-negative integer",
                       extra={"ArgumentName": name, "ArgumentValue": raw})
-    length = int(raw)
     if length > max_size:
         raise S3Error("EntityTooLarge", extra={"ProposedSize": str(length), "MaxSizeAllowed": str(max_size)})
     return length
@@ -53,7 +55,7 @@ async def read_upload(req: Request, auth: AuthContext, engine: Engine, max_size:
     if trailer is not None and not auth.payload.endswith("trailer"):
         raise S3Error("InvalidRequest", "x-amz-trailer requires a STREAMING-*-TRAILER payload")
     hashers = {alg: Checksum(alg) for alg in [*expected, *([trailer] if trailer else [])]}
-    sha256 = hashlib.sha256() if auth.payload == "sha256" else None
+    payload_hash = PayloadHash(auth)
     md5 = hashlib.md5()
     decoder = (AwsChunkedDecoder(signer=auth.chunk_signer, expect_trailer=auth.payload.endswith("trailer"))
                if streaming else None)
@@ -72,8 +74,7 @@ async def read_upload(req: Request, auth: AuthContext, engine: Engine, max_size:
                         raise S3Error("IncompleteBody", "The body is longer than the declared length.")
                     view[pos:end] = piece
                     md5.update(piece)
-                    if sha256 is not None:
-                        sha256.update(piece)
+                    payload_hash.update(piece)
                     for hasher in hashers.values():
                         hasher.update(piece)
                     pos = end
@@ -85,10 +86,7 @@ async def read_upload(req: Request, auth: AuthContext, engine: Engine, max_size:
         digest = md5.digest()
         if expected_md5 is not None and not hmac.compare_digest(expected_md5, digest):
             raise S3Error("BadDigest", "The Content-MD5 you specified did not match what we received.")
-        if sha256 is not None and sha256.hexdigest() != (auth.content_sha256 or "").lower():
-            raise S3Error("XAmzContentSHA256Mismatch",
-                          extra={"ClientComputedContentSHA256": auth.content_sha256 or "",
-                                 "S3ComputedContentSHA256": sha256.hexdigest()})
+        payload_hash.verify()
         if trailer is not None:
             sent = requested_checksums(trailers)
             if trailer not in sent:
@@ -110,3 +108,16 @@ def md5_etag(md5: bytes) -> str:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+async def read_xml(call: Call) -> bytes:
+    """A small XML request body, bounded by ``max_xml_size`` and checked against its signed SHA-256."""
+    body = await call.req.read_all(call.settings.max_xml_size)
+    if body is None:
+        raise S3Error("MaxMessageLengthExceeded")
+    if call.auth.payload.startswith("streaming"):
+        raise S3Error("InvalidRequest", "aws-chunked bodies are accepted for object data only.")
+    payload_hash = PayloadHash(call.auth)
+    payload_hash.update(body)
+    payload_hash.verify()
+    return body

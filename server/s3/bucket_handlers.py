@@ -6,17 +6,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from ..protocol.shell import Reply
 from . import listing
-from .call import Call, Response, xml_response
+from .body import read_xml
+from .call import Call, xml_response
 from .checksums import Checksum, parse_content_md5, requested_checksums, verify
 from .errors import S3Error
-from .router import valid_bucket_name
+from .target import valid_bucket_name
 from .xml import Node, child_text, document, iso8601, parse
 
 MAX_DELETE_KEYS = 1000
 
 
-async def list_buckets(call: Call) -> Response:
+async def list_buckets(call: Call) -> Reply:
     buckets = call.engine.list_buckets(call.tenant)
     children: list[Node] = [
         ("Owner", [("ID", listing.tenant_id(call.tenant)), ("DisplayName", call.tenant)]),
@@ -25,32 +27,32 @@ async def list_buckets(call: Call) -> Response:
     return xml_response(document("ListAllMyBucketsResult", children))
 
 
-async def create_bucket(call: Call) -> Response:
-    name = call.bucket or ""
+async def create_bucket(call: Call) -> Reply:
+    name = call.bucket_name
     if not valid_bucket_name(name):
         raise S3Error("InvalidBucketName", extra={"BucketName": name})
-    body = await call.service.read_xml(call)
+    body = await read_xml(call)
     if body:
         root = parse(body)
         if root.tag != "CreateBucketConfiguration":
             raise S3Error("MalformedXML")
     call.engine.create_bucket(call.tenant, name)
-    return Response(200, [("location", f"/{name}")])
+    return Reply(200, [("location", f"/{name}")])
 
 
-async def head_bucket(call: Call) -> Response:
-    call.engine.bucket(call.tenant, call.bucket or "")
-    return Response(200, [("x-amz-bucket-region", call.service.settings.region)])
+async def head_bucket(call: Call) -> Reply:
+    call.engine.bucket(call.tenant, call.bucket_name)
+    return Reply(200, [("x-amz-bucket-region", call.settings.region)])
 
 
-async def delete_bucket(call: Call) -> Response:
-    call.engine.delete_bucket(call.tenant, call.bucket or "")
-    return Response(204)
+async def delete_bucket(call: Call) -> Reply:
+    call.engine.delete_bucket(call.tenant, call.bucket_name)
+    return Reply(204)
 
 
-async def get_bucket_location(call: Call) -> Response:
-    call.engine.bucket(call.tenant, call.bucket or "")
-    region = call.service.settings.region
+async def get_bucket_location(call: Call) -> Reply:
+    call.engine.bucket(call.tenant, call.bucket_name)
+    region = call.settings.region
     # us-east-1 is reported as an empty LocationConstraint, as S3 does.
     body = ('<?xml version="1.0" encoding="UTF-8"?>\n<LocationConstraint '
             f'xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{"" if region == "us-east-1" else region}'
@@ -59,7 +61,7 @@ async def get_bucket_location(call: Call) -> Response:
 
 
 def _iterator(call: Call) -> listing.ObjectIterator:
-    engine, tenant, bucket = call.engine, call.tenant, call.bucket or ""
+    engine, tenant, bucket = call.engine, call.tenant, call.bucket_name
     engine.bucket(tenant, bucket)  # raise NoSuchBucket/AccessDenied before any paging
 
     def iterate(start: str, inclusive: bool):  # noqa: ANN202
@@ -68,26 +70,22 @@ def _iterator(call: Call) -> listing.ObjectIterator:
     return iterate
 
 
-async def list_objects(call: Call) -> Response:
-    return xml_response(listing.list_v1(_iterator(call), call.bucket or "", call.tenant, call.req.query))
+async def list_objects(call: Call) -> Reply:
+    return xml_response(listing.list_v1(_iterator(call), call.bucket_name, call.tenant, call.req.query))
 
 
-async def list_objects_v2(call: Call) -> Response:
-    return xml_response(listing.list_v2(_iterator(call), call.bucket or "", call.tenant, call.req.query))
+async def list_objects_v2(call: Call) -> Reply:
+    return xml_response(listing.list_v2(_iterator(call), call.bucket_name, call.tenant, call.req.query))
 
 
-async def list_object_versions(call: Call) -> Response:
-    return xml_response(listing.list_versions(_iterator(call), call.bucket or "", call.tenant, call.req.query))
+async def list_object_versions(call: Call) -> Reply:
+    return xml_response(listing.list_versions(_iterator(call), call.bucket_name, call.tenant, call.req.query))
 
 
-async def list_multipart_uploads(call: Call) -> Response:
-    bucket = call.bucket or ""
-    call.engine.bucket(call.tenant, bucket)
+async def list_multipart_uploads(call: Call) -> Reply:
+    bucket = call.bucket_name
     prefix = call.req.query.get("prefix", "")
-    uploads = sorted(
-        (u for u in call.engine.uploads.values() if u.bucket == bucket and u.key.startswith(prefix)),
-        key=lambda u: (u.key, u.created),
-    )[: listing.MAX_KEYS]
+    uploads = call.engine.uploads_in(call.tenant, bucket, prefix)[: listing.MAX_KEYS]
     children: list[Node] = [
         ("Bucket", bucket), ("KeyMarker", ""), ("UploadIdMarker", ""), ("Prefix", prefix),
         ("MaxUploads", listing.MAX_KEYS), ("IsTruncated", False),
@@ -100,8 +98,8 @@ async def list_multipart_uploads(call: Call) -> Response:
     return xml_response(document("ListMultipartUploadsResult", children))
 
 
-async def delete_objects(call: Call) -> Response:
-    body = await call.service.read_xml(call)
+async def delete_objects(call: Call) -> Reply:
+    body = await read_xml(call)
     content_md5 = call.req.headers.get("content-md5")
     if content_md5 is not None:
         expected = parse_content_md5(content_md5)
@@ -125,14 +123,14 @@ async def delete_objects(call: Call) -> Response:
             raise S3Error("MalformedXML")
         keys.append(key)
     engine = call.engine
-    engine.bucket(call.tenant, call.bucket or "")
+    engine.bucket(call.tenant, call.bucket_name)
     results: list[Node] = []
     for key in keys:
         if len(key.encode()) > 1024 or not key:
             results.append(("Error", [("Key", key), ("Code", "KeyTooLongError" if key else "InvalidArgument"),
                                       ("Message", "invalid key")]))
             continue
-        engine.delete(call.tenant, call.bucket or "", key)
+        engine.delete(call.tenant, call.bucket_name, key)
         if not quiet:
             results.append(("Deleted", [("Key", key)]))
     return xml_response(document("DeleteResult", results))

@@ -1,16 +1,14 @@
-"""What every S3 handler receives (:class:`Call`) and returns (:class:`Response`)."""
+"""What every S3 handler receives (:class:`Call`) and returns (a :class:`~ctxstore_server.protocol.shell.Reply`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from ..asgi import Request
-from .auth import AuthContext
-
-if TYPE_CHECKING:
-    from .service import S3Service
-
+from ..engine import Engine
+from ..protocol.asgi import Request
+from ..protocol.auth import AuthContext
+from ..protocol.shell import Reply
+from ..settings import Settings
 
 @dataclass
 class Call:
@@ -18,7 +16,8 @@ class Call:
 
     req: Request
     auth: AuthContext
-    service: S3Service
+    engine: Engine
+    settings: Settings
     bucket: str | None
     key: str | None
 
@@ -27,17 +26,15 @@ class Call:
         return self.auth.credentials.tenant
 
     @property
-    def engine(self):  # noqa: ANN201 - Engine; avoids an import cycle in type checking
-        return self.service.engine
+    def bucket_name(self) -> str:
+        """The bucket of a bucket or object operation (routing guarantees there is one)."""
+        return self.bucket or ""
+
+    @property
+    def object_key(self) -> str:
+        """The key of an object operation (routing guarantees there is one)."""
+        return self.key or ""
 
 
-@dataclass
-class Response:
-    status: int = 200
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    body: bytes | memoryview = b""
-    content_length: int | None = None  # HEAD: the length of the body a GET would send
-
-
-def xml_response(body: bytes, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Response:
-    return Response(status, [("content-type", "application/xml"), *(headers or [])], body)
+def xml_response(body: bytes, status: int = 200, headers: list[tuple[str, str]] | None = None) -> Reply:
+    return Reply(status, [("content-type", "application/xml"), *(headers or [])], body)

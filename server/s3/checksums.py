@@ -12,7 +12,7 @@ import binascii
 import hashlib
 from collections.abc import Callable, Mapping
 
-from awscrt import checksums as _crt  # type: ignore[import-untyped]
+from awscrt import checksums as _crt
 
 from .errors import S3Error
 
@@ -66,6 +66,8 @@ class Checksum:
 
 
 def _b64decode(value: str) -> bytes | None:
+    if not value.strip():
+        return None
     try:
         return base64.b64decode(value.strip(), validate=True)
     except (binascii.Error, ValueError):
@@ -83,8 +85,9 @@ def parse_content_md5(value: str) -> bytes:
 def requested_checksums(headers: Mapping[str, str]) -> dict[str, str]:
     """The ``x-amz-checksum-<algorithm>`` values present: algorithm -> expected base64.
 
-    Works on request headers and on the trailers an aws-chunked body ended with. A value that is not base64
-    of the algorithm's digest size is rejected as AWS does (``InvalidRequest``); so are two checksums at once.
+    Works on request headers and on the trailers an aws-chunked body ended with. A value that cannot be the
+    algorithm's digest (not base64, the wrong size) can match no body: ``BadDigest``, like any other wrong value
+    (what the S3 conformance suites expect); an empty value, or two checksums at once, is ``InvalidRequest``.
     Other ``x-amz-checksum-*`` names (``-algorithm``, ``-type``, ``-mode``) are not checksums: ignored.
     """
     found: dict[str, str] = {}
@@ -94,9 +97,11 @@ def requested_checksums(headers: Mapping[str, str]) -> dict[str, str]:
         algorithm = name[len(HEADER_PREFIX) :]
         if algorithm not in DIGEST_SIZES:
             continue
+        if not value.strip():
+            raise S3Error("InvalidRequest", f"Value for {name} header is invalid.")
         digest = _b64decode(value)
         if digest is None or len(digest) != DIGEST_SIZES[algorithm]:
-            raise S3Error("InvalidRequest", f"Value for {name} header is invalid.")
+            raise S3Error("BadDigest", f"The {algorithm.upper()} you specified is not a {algorithm} digest.")
         found[algorithm] = value.strip()
     if len(found) > 1:
         raise S3Error(

@@ -1,13 +1,15 @@
 """S3 errors: one table of codes (HTTP status, message) and the exception that carries one.
 
-Storage errors raised by the engine are mapped onto these codes in one place (``from_storage_error``);
-handlers raise :class:`S3Error` and the application writes it once as S3 error XML (or headers only for
-HEAD), with ``Retry-After`` on 503.
+Errors of the engine (:class:`~ctxstore_server.engine.Kind`) and of the protocol floor
+(:class:`~ctxstore_server.protocol.errors.Reject`) become S3 codes in one table, :data:`CODES`;
+handlers raise :class:`S3Error`, and the service writes every failure once as S3 error XML (headers only for
+HEAD, ``Retry-After`` on 503).
 """
 
 from __future__ import annotations
 
-from ..engine import errors as storage
+from ..engine import Kind, StorageError, errors as storage
+from ..protocol.errors import Reject, RequestError
 
 # code -> (HTTP status, default message). Messages follow AWS's wording where clients show them.
 ERROR_CODES: dict[str, tuple[int, str]] = {
@@ -78,39 +80,58 @@ class S3Error(Exception):
         super().__init__(f"{code}: {self.message}")
 
 
-# Storage (engine) error class -> S3 code. The single place where engine errors become S3 errors.
-_STORAGE_TO_S3: dict[type[storage.StorageError], str] = {
-    storage.NoSuchBucket: "NoSuchBucket",
-    storage.NoSuchKey: "NoSuchKey",
-    storage.NoSuchUpload: "NoSuchUpload",
-    storage.BucketNotEmpty: "BucketNotEmpty",
-    storage.BucketAlreadyExists: "BucketAlreadyExists",
-    storage.BucketAlreadyOwnedByYou: "BucketAlreadyOwnedByYou",
-    storage.AccessDenied: "AccessDenied",
-    storage.PreconditionFailed: "PreconditionFailed",
-    storage.InsufficientCapacity: "SlowDown",
-    storage.InvalidPart: "InvalidPart",
-    storage.InvalidPartOrder: "InvalidPartOrder",
-    storage.EntityTooSmall: "EntityTooSmall",
-    storage.EntityTooLarge: "EntityTooLarge",
-    storage.InvalidArgument: "InvalidArgument",
+# Engine and protocol-floor error kinds -> S3 code: the one place they become S3 errors.
+CODES: dict[Kind | Reject, str] = {
+    Kind.NO_SUCH_BUCKET: "NoSuchBucket",
+    Kind.NO_SUCH_KEY: "NoSuchKey",
+    Kind.NO_SUCH_UPLOAD: "NoSuchUpload",
+    Kind.BUCKET_NOT_EMPTY: "BucketNotEmpty",
+    Kind.BUCKET_EXISTS: "BucketAlreadyExists",
+    Kind.BUCKET_OWNED: "BucketAlreadyOwnedByYou",
+    Kind.ACCESS_DENIED: "AccessDenied",
+    Kind.PRECONDITION_FAILED: "PreconditionFailed",
+    Kind.INSUFFICIENT_CAPACITY: "SlowDown",
+    Kind.INVALID_PART: "InvalidPart",
+    Kind.INVALID_PART_ORDER: "InvalidPartOrder",
+    Kind.ENTITY_TOO_SMALL: "EntityTooSmall",
+    Kind.ENTITY_TOO_LARGE: "EntityTooLarge",
+    Kind.INVALID_ARGUMENT: "InvalidArgument",
+    Reject.ACCESS_DENIED: "AccessDenied",
+    Reject.UNKNOWN_ACCESS_KEY: "InvalidAccessKeyId",
+    Reject.SIGNATURE_MISMATCH: "SignatureDoesNotMatch",
+    Reject.CLOCK_SKEW: "RequestTimeTooSkewed",
+    Reject.MALFORMED_AUTHORIZATION: "AuthorizationHeaderMalformed",
+    Reject.MALFORMED_PRESIGNED: "AuthorizationQueryParametersError",
+    Reject.INVALID_ARGUMENT: "InvalidArgument",
+    Reject.INVALID_REQUEST: "InvalidRequest",
+    Reject.INCOMPLETE_BODY: "IncompleteBody",
+    Reject.PAYLOAD_HASH_MISMATCH: "XAmzContentSHA256Mismatch",
+    Reject.BODY_TIMEOUT: "RequestTimeout",
+    Reject.INTERNAL: "InternalError",
 }
 
 
-def from_storage_error(exc: storage.StorageError) -> S3Error:
-    """Map a typed engine error onto its S3 error."""
-    for cls in type(exc).__mro__:
-        code = _STORAGE_TO_S3.get(cls)  # type: ignore[arg-type]
-        if code is not None:
-            headers = {}
-            if isinstance(exc, storage.InsufficientCapacity):
-                headers["Retry-After"] = str(max(1, int(exc.retry_after)))
-            extra = {}
-            if exc.bucket is not None and code in ("NoSuchBucket", "BucketNotEmpty", "BucketAlreadyExists"):
-                extra["BucketName"] = exc.bucket
-            if exc.key is not None and code == "NoSuchKey":
-                extra["Key"] = exc.key
-            if isinstance(exc, storage.NoSuchUpload) and exc.upload_id:
-                extra["UploadId"] = exc.upload_id
-            return S3Error(code, str(exc.detail) if exc.detail else None, headers=headers, extra=extra)
+def as_s3_error(exc: Exception) -> S3Error:
+    """Any failure the S3 service answers, as its S3 error."""
+    if isinstance(exc, S3Error):
+        return exc
+    if isinstance(exc, RequestError):
+        return S3Error(CODES[exc.kind], exc.message, extra=exc.extra)
+    if isinstance(exc, StorageError):
+        return _from_storage_error(exc)
     return S3Error("InternalError")
+
+
+def _from_storage_error(exc: StorageError) -> S3Error:
+    code = CODES[exc.kind]
+    headers = {}
+    if isinstance(exc, storage.InsufficientCapacity):
+        headers["Retry-After"] = str(max(1, int(exc.retry_after)))
+    extra = {}
+    if exc.bucket is not None and code in ("NoSuchBucket", "BucketNotEmpty", "BucketAlreadyExists"):
+        extra["BucketName"] = exc.bucket
+    if exc.key is not None and code == "NoSuchKey":
+        extra["Key"] = exc.key
+    if isinstance(exc, storage.NoSuchUpload) and exc.upload_id:
+        extra["UploadId"] = exc.upload_id
+    return S3Error(code, str(exc.detail) if exc.detail else None, headers=headers, extra=extra)

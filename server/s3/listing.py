@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-from ..engine.objects import StoredObject
+from ..engine import StoredObject
+from ..protocol.asgi import ascii_int
 from .errors import S3Error
 from .xml import Node, document, iso8601
 
@@ -85,11 +86,11 @@ def collect(iterate: ObjectIterator, *, prefix: str, delimiter: str, after: str,
 def parse_max_keys(value: str | None) -> int:
     if value is None:
         return MAX_KEYS
-    try:
-        n = int(value)
-    except ValueError:
-        raise S3Error("InvalidArgument", "Provided max-keys not an integer or within integer range") from None
-    if n < 0:
+    text = value.strip()
+    n = ascii_int(text[1:] if text.startswith("-") else text)
+    if n is None:
+        raise S3Error("InvalidArgument", "Provided max-keys not an integer or within integer range")
+    if text.startswith("-") and n:
         raise S3Error("InvalidArgument", "Argument maxKeys must be an integer between 0 and 2147483647")
     return min(n, MAX_KEYS)
 
@@ -134,7 +135,7 @@ def list_v1(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, 
     owner = _owner(tenant)
     children: list[Node] = [
         ("Name", bucket),
-        ("Prefix", enc(prefix)),
+        ("Prefix", prefix),  # as sent, even with encoding-type=url: V1 clients (boto3) read it back undecoded
         ("Marker", enc(marker)),
         ("MaxKeys", max_keys),
         ("Delimiter", enc(delimiter) if delimiter else None),
@@ -166,12 +167,7 @@ def list_v2(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, 
     token = query.get("continuation-token")
     max_keys = parse_max_keys(query.get("max-keys"))
     enc = _encoder(query.get("encoding-type"))
-    if token is not None:
-        if not token:
-            raise S3Error("InvalidArgument", "The continuation token provided is incorrect")
-        after = _decode_token(token)
-    else:
-        after = start_after
+    after = _decode_token(token) if token else start_after  # an empty token lists from the start
     page = collect(iterate, prefix=prefix, delimiter=delimiter, after=after, max_keys=max_keys)
     owner = _owner(tenant) if query.get("fetch-owner", "").lower() == "true" else None
     children: list[Node] = [

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import base64
 
-from .body import read_upload
-from .call import Call, Response, xml_response
+from ..protocol.shell import Reply
+from ..protocol.asgi import ascii_int
+from .body import read_upload, read_xml
+from .call import Call, xml_response
 from .checksums import ALGORITHMS, Checksum
 from .errors import S3Error
 from .object_handlers import write_conditions
@@ -16,13 +18,14 @@ from .xml import Node, child_text, document, iso8601, parse
 
 def _part_number(call: Call) -> int:
     raw = call.req.query.get("partNumber", "")
-    if not raw.isdigit():
+    number = ascii_int(raw)
+    if number is None:
         raise S3Error("InvalidArgument", "Part number must be an integer between 1 and 10000, inclusive",
                       extra={"ArgumentName": "partNumber", "ArgumentValue": raw})
-    return int(raw)
+    return number
 
 
-async def create_multipart_upload(call: Call) -> Response:
+async def create_multipart_upload(call: Call) -> Reply:
     req = call.req
     ttl = requested_ttl(req.headers)
     content_type, stored, user_meta = metadata_from_headers(req.headers)
@@ -30,7 +33,7 @@ async def create_multipart_upload(call: Call) -> Response:
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise S3Error("InvalidRequest", f"Checksum algorithm {algorithm} is not supported.")
     upload = call.engine.create_upload(
-        call.tenant, call.bucket or "", call.key or "", ttl=ttl, content_type=content_type, headers=stored,
+        call.tenant, call.bucket_name, call.object_key, ttl=ttl, content_type=content_type, headers=stored,
         user_meta=user_meta, checksum_algorithm=algorithm,
     )
     headers = [("x-amz-checksum-algorithm", algorithm.upper())] if algorithm else []
@@ -40,23 +43,23 @@ async def create_multipart_upload(call: Call) -> Response:
     return xml_response(body, headers=headers)
 
 
-async def upload_part(call: Call) -> Response:
+async def upload_part(call: Call) -> Reply:
     number = _part_number(call)
     upload_id = call.req.query["uploadId"]
     engine = call.engine
-    engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)  # fail before reading the body
-    body = await read_upload(call.req, call.auth, engine, call.service.settings.max_object_size)
+    engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)  # fail before reading the body
+    body = await read_upload(call.req, call.auth, engine, call.settings.max_object_size)
     part = engine.put_part(
-        call.tenant, call.bucket or "", call.key or "", upload_id, number, body.data, md5=body.md5,
+        call.tenant, call.bucket_name, call.object_key, upload_id, number, body.data, md5=body.md5,
         checksums=body.checksums, reservation=body.reservation,
     )
     headers = [("etag", part.etag)] + [(f"x-amz-checksum-{a}", v) for a, v in part.checksums.items()]
-    return Response(200, headers)
+    return Reply(200, headers)
 
 
 def _composite_checksums(call: Call, upload_id: str, numbers: list[int]) -> dict[str, str]:
     """S3's composite checksum of a multipart object: the checksum of the parts' checksums, plus ``-N``."""
-    upload = call.engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)
+    upload = call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)
     algorithm = upload.checksum_algorithm
     parts = [upload.parts.get(n) for n in numbers]
     if algorithm is None or any(p is None or algorithm not in p.checksums for p in parts):
@@ -68,24 +71,24 @@ def _composite_checksums(call: Call, upload_id: str, numbers: list[int]) -> dict
     return {algorithm: f"{combined.b64digest()}-{len(parts)}"}
 
 
-async def complete_multipart_upload(call: Call) -> Response:
+async def complete_multipart_upload(call: Call) -> Reply:
     upload_id = call.req.query["uploadId"]
-    call.engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)
-    root = parse(await call.service.read_xml(call))
+    call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)
+    root = parse(await read_xml(call))
     if root.tag != "CompleteMultipartUpload":
         raise S3Error("MalformedXML")
     parts: list[tuple[int, str]] = []
     for element in root.findall("Part"):
-        number, etag = child_text(element, "PartNumber"), child_text(element, "ETag")
-        if number is None or etag is None or not number.strip().isdigit():
+        number, etag = ascii_int(child_text(element, "PartNumber")), child_text(element, "ETag")
+        if number is None or etag is None:
             raise S3Error("MalformedXML")
-        parts.append((int(number), etag))
+        parts.append((number, etag))
     if not parts:
         raise S3Error("MalformedXML", "You must specify at least one part.")
     if_none_match, if_match = write_conditions(call.req.headers)
     checksums = _composite_checksums(call, upload_id, [n for n, _ in parts])
     obj = call.engine.complete_upload(
-        call.tenant, call.bucket or "", call.key or "", upload_id, parts,
+        call.tenant, call.bucket_name, call.object_key, upload_id, parts,
         if_none_match=if_none_match, if_match=if_match, checksums=checksums,
     )
     children: list[Node] = [
@@ -96,19 +99,19 @@ async def complete_multipart_upload(call: Call) -> Response:
                         headers=[("x-ctx-expires-at", expires_at_header(obj))])
 
 
-async def abort_multipart_upload(call: Call) -> Response:
-    call.engine.abort_upload(call.tenant, call.bucket or "", call.key or "", call.req.query["uploadId"])
-    return Response(204)
+async def abort_multipart_upload(call: Call) -> Reply:
+    call.engine.abort_upload(call.tenant, call.bucket_name, call.object_key, call.req.query["uploadId"])
+    return Reply(204)
 
 
-async def list_parts(call: Call) -> Response:
+async def list_parts(call: Call) -> Reply:
     upload_id = call.req.query["uploadId"]
-    upload = call.engine.upload(call.tenant, call.bucket or "", call.key or "", upload_id)
-    marker_raw = call.req.query.get("part-number-marker", "0") or "0"
-    max_raw = call.req.query.get("max-parts", "1000") or "1000"
-    if not marker_raw.isdigit() or not max_raw.isdigit():
+    upload = call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)
+    marker = ascii_int(call.req.query.get("part-number-marker", "0") or "0")
+    max_raw = ascii_int(call.req.query.get("max-parts", "1000") or "1000")
+    if marker is None or max_raw is None:
         raise S3Error("InvalidArgument", "part-number-marker and max-parts must be non-negative integers")
-    marker, max_parts = int(marker_raw), min(int(max_raw), 1000)
+    max_parts = min(max_raw, 1000)
     numbers = sorted(n for n in upload.parts if n > marker)
     page, truncated = numbers[:max_parts], len(numbers) > max_parts
     children: list[Node] = [

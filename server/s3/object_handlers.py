@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-from ..engine.objects import StoredObject
+from ..engine import StoredObject
+from ..protocol.shell import Reply
 from .body import md5_etag, read_upload
-from .call import Call, Response, xml_response
+from .call import Call, xml_response
 from .errors import S3Error
 from .objectmeta import (
     check_read_conditions,
@@ -19,7 +20,7 @@ from .objectmeta import (
     parse_range,
     requested_ttl,
 )
-from .router import MAX_KEY_BYTES
+from .target import MAX_KEY_BYTES
 from .xml import document, iso8601
 
 
@@ -35,38 +36,38 @@ def _checksum_mode(call: Call) -> bool:
     return call.req.headers.get("x-amz-checksum-mode", "").upper() == "ENABLED"
 
 
-async def put_object(call: Call) -> Response:
+async def put_object(call: Call) -> Reply:
     req = call.req
     ttl = requested_ttl(req.headers)
     content_type, stored, user_meta = metadata_from_headers(req.headers)
     if_none_match, if_match = write_conditions(req.headers)
     engine = call.engine
-    engine.bucket(call.tenant, call.bucket or "")  # fail before reading the body
-    body = await read_upload(req, call.auth, engine, call.service.settings.max_object_size)
+    engine.bucket(call.tenant, call.bucket_name)  # fail before reading the body
+    body = await read_upload(req, call.auth, engine, call.settings.max_object_size)
     obj = engine.put(
-        call.tenant, call.bucket or "", call.key or "", body.data, etag=md5_etag(body.md5), ttl=ttl,
+        call.tenant, call.bucket_name, call.object_key, body.data, etag=md5_etag(body.md5), ttl=ttl,
         content_type=content_type, headers=stored, user_meta=user_meta, checksums=body.checksums,
         if_none_match=if_none_match, if_match=if_match, reservation=body.reservation,
     )
     headers = [("etag", obj.etag), ("x-ctx-expires-at", expires_at_header(obj)), ("x-ctx-xxh3", f"{obj.xxh3:016x}")]
     headers += [(f"x-amz-checksum-{alg}", v) for alg, v in obj.checksums.items()]
-    return Response(200, headers)
+    return Reply(200, headers)
 
 
-async def get_object(call: Call) -> Response:
+async def get_object(call: Call) -> Reply:
     return _read(call, head=False)
 
 
-async def head_object(call: Call) -> Response:
+async def head_object(call: Call) -> Reply:
     return _read(call, head=True)
 
 
-def _read(call: Call, *, head: bool) -> Response:
+def _read(call: Call, *, head: bool) -> Reply:
     req = call.req
     if "partNumber" in req.query:
         raise S3Error("NotImplemented", "GET/HEAD with partNumber is not implemented by ctxstore.")
     engine = call.engine
-    obj = engine.get(call.tenant, call.bucket or "", call.key or "", record=not head)
+    obj = engine.get(call.tenant, call.bucket_name, call.object_key, record=not head)
     check_read_conditions(obj, req.headers)
     span = parse_range(req.headers.get("range"), obj.size)
     # A ranged response carries no whole-object checksum (as in S3): clients would check the part against it.
@@ -78,15 +79,15 @@ def _read(call: Call, *, head: bool) -> Response:
         status = 206
         headers.append(("content-range", f"bytes {start}-{end - 1}/{obj.size}"))
     if head:
-        return Response(status, headers, content_length=end - start)
+        return Reply(status, headers, content_length=end - start)
     engine.record_read(obj, end - start)
     body = memoryview(obj.data)[start:end] if (start, end) != (0, obj.size) else obj.data
-    return Response(status, headers, body)
+    return Reply(status, headers, body)
 
 
-async def delete_object(call: Call) -> Response:
-    call.engine.delete(call.tenant, call.bucket or "", call.key or "")
-    return Response(204)
+async def delete_object(call: Call) -> Reply:
+    call.engine.delete(call.tenant, call.bucket_name, call.object_key)
+    return Reply(204)
 
 
 def _copy_source(call: Call) -> tuple[str, str]:
@@ -108,11 +109,11 @@ def _copy_source(call: Call) -> tuple[str, str]:
     return bucket, key
 
 
-async def copy_object(call: Call) -> Response:
+async def copy_object(call: Call) -> Reply:
     req = call.req
     src_bucket, src_key = _copy_source(call)
     engine = call.engine
-    engine.bucket(call.tenant, call.bucket or "")
+    engine.bucket(call.tenant, call.bucket_name)
     src: StoredObject = engine.get(call.tenant, src_bucket, src_key, record=True)
     check_read_conditions(src, req.headers, prefix="x-amz-copy-source-")
     directive = req.headers.get("x-amz-metadata-directive", "COPY").upper()
@@ -132,7 +133,7 @@ async def copy_object(call: Call) -> Response:
     if_none_match, if_match = write_conditions(req.headers)
     # The payload is immutable, so the copy shares it; it is still charged in full to keep accounting simple.
     obj = engine.put(
-        call.tenant, call.bucket or "", call.key or "", src.data, etag=src.etag, ttl=ttl,
+        call.tenant, call.bucket_name, call.object_key, src.data, etag=src.etag, ttl=ttl,
         content_type=content_type, headers=stored, user_meta=user_meta, checksums=dict(src.checksums),
         parts_count=src.parts_count, if_none_match=if_none_match, if_match=if_match, xxh3=src.xxh3,
     )

