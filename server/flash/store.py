@@ -604,7 +604,7 @@ class FlashStore:
 
     async def read_many(self, bucket: str, keys: Sequence[str]) -> list[FlashBlock | None]:
         """Verified blocks in the order of ``keys`` (None = miss). Adjacent records are read together."""
-        return await self._read(bucket, keys, True)  # type: ignore[return-value]
+        return await self._read(bucket, keys, True)
 
     async def read_meta(self, bucket: str, key: str) -> FlashMeta | None:
         """A block's verified header (HEAD): reads only the header, not the payload."""
