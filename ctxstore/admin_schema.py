@@ -17,12 +17,19 @@ RESERVED_METRICS_PATH = "/_ctx/metrics"
 MUTABLE_SETTINGS = ("memory", "default_ttl", "max_ttl")
 
 # Keys of the per-node stats document (`GET <prefix>/stats`) that ctxstore admin relies on; a test checks the
-# node serves every one. Levels are current values, counters only grow (until a reset).
+# node serves every one. Levels are current values, counters only grow (until a reset). ``disk_*`` describe the
+# flash tier (zero without ``--disk``); ``objects``/``bytes`` are the RAM tier. ``hits``, ``evictions`` and
+# ``expirations`` count both tiers; their ``disk_*`` namesakes are the flash tier's share of them.
+BUCKET_LEVEL_KEYS = ("objects", "bytes", "charged", "pinned_bytes", "disk_objects", "disk_bytes")
+BUCKET_COUNTER_KEYS = ("hits", "misses", "puts", "deletes", "evictions", "expirations", "bytes_in", "bytes_out",
+                       "disk_hits", "demotions", "promotions")
 LEVEL_KEYS = ("used", "budget", "objects", "bytes", "charged", "pinned_bytes", "reserved", "parts_bytes",
-              "uploads")
-COUNTER_KEYS = ("hits", "misses", "puts", "deletes", "evictions", "expirations", "bytes_in", "bytes_out")
+              "uploads", "state_bytes", "sending_bytes", "disk_budget", "disk_used", "disk_objects", "disk_bytes",
+              "disk_segments", "disk_queued_bytes", "disk_index_bytes", "disk_degraded")
+COUNTER_KEYS = BUCKET_COUNTER_KEYS + ("prefetches", "disk_bytes_read", "disk_bytes_written", "disk_evictions",
+                                      "disk_expirations", "disk_corrupt", "disk_compactions")
 STAT_KEYS = LEVEL_KEYS + COUNTER_KEYS
-BUCKET_KEYS = ("objects", "bytes", "charged", "pinned_bytes") + COUNTER_KEYS
+BUCKET_KEYS = BUCKET_LEVEL_KEYS + BUCKET_COUNTER_KEYS
 
 
 def generate_key_pair() -> tuple[str, str]:

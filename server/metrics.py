@@ -160,6 +160,8 @@ class StoreCollector(Collector):
         ("charged", "ctxstore_bucket_charged_bytes",
          "Bytes the bucket's objects count against the budget and quotas (payload plus key)."),
         ("pinned_bytes", "ctxstore_bucket_pinned_bytes", "Charged bytes of the bucket's pinned objects."),
+        ("disk_objects", "ctxstore_bucket_disk_objects", "Blocks of the bucket held by the flash tier."),
+        ("disk_bytes", "ctxstore_bucket_disk_bytes", "Payload bytes of the bucket held by the flash tier."),
     )
     BUCKET_COUNTERS = (
         ("hits", "ctxstore_bucket_hits", "Reads that found a live object (S3 and bulk)."),
@@ -170,6 +172,9 @@ class StoreCollector(Collector):
         ("expirations", "ctxstore_bucket_expirations", "Objects dropped because their TTL ran out."),
         ("bytes_in", "ctxstore_bucket_bytes_in", "Payload bytes stored into the bucket."),
         ("bytes_out", "ctxstore_bucket_bytes_out", "Payload bytes read from the bucket."),
+        ("disk_hits", "ctxstore_bucket_disk_hits", "Of the hits: reads served from the flash tier."),
+        ("demotions", "ctxstore_bucket_demotions", "Blocks moved from RAM to the flash tier."),
+        ("promotions", "ctxstore_bucket_promotions", "Blocks read back from the flash tier into RAM."),
     )
     NODE_LEVELS = (
         ("budget", "ctxstore_budget_bytes", "The node's byte budget (--memory)."),
@@ -178,6 +183,25 @@ class StoreCollector(Collector):
         ("parts_bytes", "ctxstore_parts_bytes", "Of used: parts of unfinished multipart uploads."),
         ("pinned_bytes", "ctxstore_pinned_bytes", "Of used: objects pinned right now (never evicted)."),
         ("uploads", "ctxstore_uploads_in_progress", "Multipart uploads not yet completed or aborted."),
+        ("state_bytes", "ctxstore_state_bytes", "Of used: buckets, uploads and parts' records."),
+        ("sending_bytes", "ctxstore_sending_bytes", "Of used: removed objects whose answers are still being sent."),
+        ("disk_budget", "ctxstore_disk_budget_bytes", "The flash tier's byte budget (--disk-size; 0: no tier)."),
+        ("disk_used", "ctxstore_disk_used_bytes", "Bytes the flash tier's files take (segments, manifest)."),
+        ("disk_objects", "ctxstore_disk_objects", "Blocks the flash tier holds."),
+        ("disk_bytes", "ctxstore_disk_bytes", "Payload bytes the flash tier holds."),
+        ("disk_segments", "ctxstore_disk_segments", "Segment files of the flash tier."),
+        ("disk_queued_bytes", "ctxstore_disk_queued_bytes", "Blocks waiting to be written to flash."),
+        ("disk_index_bytes", "ctxstore_disk_index_bytes", "RAM of the flash tier's index."),
+        ("disk_degraded", "ctxstore_disk_degraded", "1 when the flash tier stopped writing after a device error."),
+    )
+    NODE_COUNTERS = (
+        ("prefetches", "ctxstore_prefetches", "Blocks prefetch asked to bring from flash into RAM."),
+        ("disk_bytes_read", "ctxstore_disk_read_bytes", "Bytes read from the flash tier's files."),
+        ("disk_bytes_written", "ctxstore_disk_written_bytes", "Bytes written to the flash tier's files."),
+        ("disk_evictions", "ctxstore_disk_evictions", "Blocks the flash tier dropped to make room."),
+        ("disk_expirations", "ctxstore_disk_expirations", "Blocks the flash tier dropped because their TTL ran out."),
+        ("disk_corrupt", "ctxstore_disk_corrupt", "Flash records that failed verification (answered as misses)."),
+        ("disk_compactions", "ctxstore_disk_compactions", "Flash segments compacted."),
     )
 
     def __init__(self, node: NodeState) -> None:
@@ -192,6 +216,10 @@ class StoreCollector(Collector):
             families[key] = CounterMetricFamily(name, doc, labels=bucket_labels)
         for key, name, doc in self.NODE_LEVELS:
             families["node_" + key] = GaugeMetricFamily(name, doc)
+        for key, name, doc in self.NODE_COUNTERS:
+            families["node_" + key] = CounterMetricFamily(name, doc)
+        families["recovery"] = GaugeMetricFamily(
+            "ctxstore_disk_recovery_seconds", "How long the flash tier's index rebuild took when the node started.")
         families["up"] = GaugeMetricFamily("ctxstore_up", "1: the node is serving (it answered this scrape).")
         families["draining"] = GaugeMetricFamily("ctxstore_draining", "1 once the node is shutting down.")
         families["start"] = GaugeMetricFamily("ctxstore_start_time_seconds", "Unix time the node started.")
@@ -208,8 +236,9 @@ class StoreCollector(Collector):
             labels = [name, node.engine.owner_of(name) or ""]
             for key, _, _ in self.BUCKET_LEVELS + self.BUCKET_COUNTERS:
                 families[key].add_metric(labels, counters.get(key, 0))
-        for key, _, _ in self.NODE_LEVELS:
+        for key, _, _ in self.NODE_LEVELS + self.NODE_COUNTERS:
             families["node_" + key].add_metric([], stats.get(key, 0))
+        families["recovery"].add_metric([], (stats.get("disk_recovery") or {}).get("seconds", 0.0))
         families["up"].add_metric([], 1)
         families["draining"].add_metric([], 1 if node.draining else 0)
         families["start"].add_metric([], node.started)

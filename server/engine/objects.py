@@ -100,10 +100,15 @@ class BucketStats:
     expirations: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    disk_hits: int = 0  # of hits: read from the flash tier
+    demotions: int = 0  # blocks RAM handed to the flash tier
+    promotions: int = 0  # blocks read back from flash into RAM
     pinned_bytes: int = 0  # a level: charge of objects pinned (until the engine drains ended pins)
     charged: int = 0  # a level: bytes the bucket's objects count against budget and quotas
+    disk_objects: int = 0  # a level: blocks the flash tier holds (filled in when stats are read)
+    disk_bytes: int = 0  # a level: their payload bytes
 
-    LEVELS = ("objects", "bytes", "pinned_bytes", "charged")
+    LEVELS = ("objects", "bytes", "pinned_bytes", "charged", "disk_objects", "disk_bytes")
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -99,6 +99,13 @@ class Operator:
         return {"evicted": self.stats()["evictions"] - evicted_before,
                 "over_budget": max(0, self.budget.used - config.budget)}
 
+    def disk_stats(self) -> dict[str, Any]:
+        """The flash tier's levels and counters (all zero without one)."""
+        return {"disk_budget": 0, "disk_used": 0, "disk_objects": 0, "disk_bytes": 0, "disk_segments": 0,
+                "disk_queued_bytes": 0, "disk_index_bytes": 0, "disk_degraded": 0, "prefetches": 0,
+                "disk_bytes_read": 0, "disk_bytes_written": 0, "disk_evictions": 0, "disk_expirations": 0,
+                "disk_corrupt": 0, "disk_compactions": 0}
+
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Global counters and per-bucket counters (with hit ratios); ``reset`` zeroes counters after reading."""
         self.store.drain_pins(self.store.clock())
@@ -122,6 +129,7 @@ class Operator:
             "state_bytes": budget.state,
             "sending_bytes": budget.sending,
             "uploads": len(self.multipart.uploads),
+            **self.disk_stats(),
             "buckets": per_bucket,
         }
         if reset:

@@ -213,7 +213,7 @@ def test_sigterm_with_idle_keepalive_clients_exits_promptly(tmp_path: Path, sche
     import boto3
     from botocore.config import Config
 
-    from test_https import make_self_signed
+    from support.tls import make_self_signed
 
     args: list[str] = []
     if scheme == "https":
