@@ -63,7 +63,7 @@ from _common import (  # noqa: E402
     wait_ctxstore,
 )
 
-from ctxstore import ContextStore, Limits  # noqa: E402
+from ctxstore import ContextStore, Limits, Timeouts  # noqa: E402
 
 MiB = 1 << 20
 GB = 1e9
@@ -142,7 +142,9 @@ class Node:
 
 
 def client(node: Node) -> ContextStore:
-    return ContextStore(node.endpoint, access_key=ACCESS, secret_key=SECRET, limits=Limits(bytes_per_call=8 * MiB))
+    # Long timeouts: a slow call must show in the figures, not turn into a miss.
+    return ContextStore(node.endpoint, access_key=ACCESS, secret_key=SECRET, limits=Limits(bytes_per_call=8 * MiB),
+                        timeouts=Timeouts(connect=5, read=60, total=120))
 
 
 def blocks_of(size: int, n: int, seed: int) -> list[bytes]:
@@ -244,7 +246,7 @@ def rebuild_bench(base: Path, blocks: int, procs: Processes, out: dict[str, Any]
     procs.stop()
     node = Node(procs, "2GiB", "--disk", str(base / "rebuild"), "--disk-size", f"{blocks // 1_000_000 + 2}GiB",
                 "--disk-reset", "true", "--disk-direct-size", "1")
-    store = ContextStore(node.endpoint, access_key=ACCESS, secret_key=SECRET, limits=Limits(bytes_per_call=8 * MiB))
+    store = client(node)
     try:
         store.create_bucket("bench")
         payload = memoryview(os.urandom(256 + 8192))

@@ -402,6 +402,10 @@ class FlashTier:
                 held.append(key)
         if not self.flash_open:
             return len(held)
+        if len(keys) == 1 and not held:  # every write asks about its key: the scalar probe, no arrays
+            entry = self.flash.lookup(bucket.name, keys[0])
+            if entry is None:
+                return 0
         present, sizes = self.flash.present_many(bucket.name, keys)
         on_flash = [k for k, p in zip(keys, present) if p]
         if on_flash or held:
