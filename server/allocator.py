@@ -1,12 +1,20 @@
 """Keep the C allocator from holding freed payload memory (glibc only).
 
-A node allocates and frees payload-sized buffers all day (a PUT's body, a GET's answer). glibc serves a
-large request with its own ``mmap`` and returns it to the kernel on ``free`` -- but after the first such
-free it *raises* its mmap threshold to that size (up to 32 MiB), so the next payloads come from the heap,
-where a freed block below a live one cannot be given back: RSS then stays far above the budget after the
-load has gone (measured: +89 MiB, 7x the object size, after six stalled 12 MiB answers were closed).
-Fixing the threshold disables that adaptation; a lower trim threshold hands freed heap tops back sooner,
-and fewer arenas bound what helper threads (hashing, file I/O) keep in arenas of their own.
+A node allocates and frees payload-sized buffers all day (a PUT's body, a GET's answer), in random order. glibc
+serves a large request with its own ``mmap`` and returns it to the kernel on ``free`` -- but after the first
+such free it *raises* its mmap threshold to that size (up to 32 MiB), so the next payloads come from the heap,
+where a freed block below a live one is never given back: RSS then stays far above the budget after the load
+has gone (measured: +89 MiB, 7x the object size, after six stalled 12 MiB answers were closed), and under mixed
+load it settles at 1.25x the budget above the process's base. Three things keep it close:
+
+- a fixed mmap threshold (64 KiB: a block of 64 KiB or more gets its own mapping, returned when freed; the
+  kernel's map count, 65530 by default, bounds how many: past it glibc uses the heap);
+- a low trim threshold and :func:`trim` once a second (``malloc_trim``: the free pages *inside* the heap go
+  back too, so what lives on the heap costs what it holds);
+- two arenas, so the helper threads (hashing, file I/O) do not each keep an arena of their own.
+
+Measured with ``benchmarks/rss_mixed_load.py`` (docs/hardening.md): 1.10 above the base with the threshold at
+256 KiB, 1.04 at 64 KiB with the trim; without the fixed threshold 1.10.
 """
 
 from __future__ import annotations
@@ -23,9 +31,19 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
-MMAP_THRESHOLD = 256 << 10  # payload-sized buffers above this get their own mapping, returned on free
+MMAP_THRESHOLD = 64 << 10  # payload-sized buffers above this get their own mapping, returned on free
 TRIM_THRESHOLD = 1 << 20
 ARENA_MAX = 2
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def trim() -> None:
+    """Hand the free pages inside the heap back to the kernel (``malloc_trim``): payloads freed in random order
+    leave holes below live ones that the trim threshold alone never returns. Cheap when little is free."""
+    if _libc is not None:
+        _libc.malloc_trim(0)
 
 
 def tune() -> bool:
@@ -42,6 +60,11 @@ def tune() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
+    global _libc
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+        _libc = libc
     done = all(mallopt(param, value) == 1 for param, value in (
         (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_ARENA_MAX, ARENA_MAX)))
     if not done:

@@ -24,6 +24,7 @@ from functools import partial
 from ctxstore import wire
 from ctxstore.admin_schema import ADMIN_PREFIX, HEALTH_LIVE, HEALTH_READY, METRICS_PATH, RESERVED_METRICS_PATH
 
+from . import allocator
 from .admin.api import create_admin_app
 from .bulk.service import BulkService
 from .engine import Engine
@@ -140,6 +141,7 @@ class App:
                 self.node.engine.reap(HOUSEKEEPING_BATCH)
                 if passes % DISK_HOUSEKEEPING_EVERY == 0:
                     await self.node.engine.housekeep_disk()
+                    allocator.trim()
             except Exception:  # never let housekeeping die silently
                 log.exception("housekeeping pass failed")
 

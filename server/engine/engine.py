@@ -70,7 +70,7 @@ class Engine:
         for name in tier.flash.buckets():
             if name not in self.store.buckets:
                 tier.flash.drop_bucket(name)
-        tier._refresh_shares(tier.flash.stats())
+        tier.refresh(tier.flash.stats())
         await tier.save_manifest()
         return report
 

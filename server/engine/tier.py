@@ -47,7 +47,7 @@ from ..flash import (
 from . import errors
 from .config import EngineConfig
 from .objects import Bucket, StoredObject
-from .store import ObjectStore
+from .store import NODE_STATE, ObjectStore
 
 log = logging.getLogger("ctxstore.flash")
 
@@ -129,6 +129,7 @@ class FlashTier:
         self.counters = TierCounters()
         self.recovery: RecoveryReport | None = None
         self.tenant_disk: dict[str, int] = {}  # payload bytes per tenant on flash, refreshed by housekeep()
+        self.index_charged = 0  # the flash index's RAM, as last charged to the budget
         self._prefetching = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._manifest_task: asyncio.Task[None] | None = None
@@ -222,7 +223,16 @@ class FlashTier:
     async def housekeep(self) -> None:
         """Bounded background work of the flash store, and the per-tenant shares it is checked against."""
         await self.flash.housekeep()
-        self._refresh_shares(self.flash.stats())
+        self.refresh(self.flash.stats())
+
+    def refresh(self, stats: FlashStats) -> None:
+        """Bring the tenants' flash shares and the index's charge up to date (the index lives in RAM: it
+        counts against ``--memory`` like the records of buckets and uploads)."""
+        self._refresh_shares(stats)
+        delta = stats.index_bytes - self.index_charged
+        if delta:
+            self.store.budget.charge(NODE_STATE, delta, "state")
+            self.index_charged = stats.index_bytes
 
     def _refresh_shares(self, stats: FlashStats) -> None:
         shares: dict[str, int] = {}
