@@ -87,4 +87,4 @@ async def delete(call: BulkCall) -> Reply:
 async def prefetch(call: BulkCall) -> Reply:
     """Start promoting the keys' flash-resident blocks into RAM; answers at once how many it will read."""
     request = await call.keys_request("prefetch")
-    return _count(call.engine.prefetch(call.tenant, call.bucket, request.keys)["disk"])
+    return _count(call.engine.prefetch(call.tenant, call.bucket, request.keys)["started"])

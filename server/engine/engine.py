@@ -382,15 +382,16 @@ class Engine:
 
     def prefetch(self, tenant: str, bucket_name: str, keys: list[str]) -> dict[str, int]:
         """Start promoting the flash-resident ``keys`` into RAM ahead of a restore; returns at once how many
-        keys are in RAM, how many will be read from flash, and how many neither tier has."""
+        keys are in RAM, on flash, in neither tier, and how many it started reading (0 when the node's
+        prefetches are all busy, or it has no flash tier)."""
         bucket = self.store.bucket(tenant, bucket_name)
         now = self.clock()
         in_ram = sum(1 for k in keys if (o := bucket.objects.get(k)) is not None and not o.expired(now))
         if self.tier is None:
-            return {"ram": in_ram, "disk": 0, "missing": len(keys) - in_ram}
+            return {"ram": in_ram, "disk": 0, "missing": len(keys) - in_ram, "started": 0}
         on_disk = sum(1 for size in self.tier.sizes(bucket.name, keys) if size is not None)
-        self.tier.prefetch(bucket, keys)
-        return {"ram": in_ram, "disk": on_disk, "missing": max(0, len(keys) - in_ram - on_disk)}
+        started = self.tier.prefetch(bucket, keys)
+        return {"ram": in_ram, "disk": on_disk, "missing": max(0, len(keys) - in_ram - on_disk), "started": started}
 
     def record_read(self, obj: StoredObject, nbytes: int) -> None:
         """Count payload bytes sent to a reader."""

@@ -347,7 +347,7 @@ def test_locate_and_prefetch(tmp_path: Path) -> None:
         assert tiers == {"ram", "disk"} and all(f is None or f[1] == BLOCK for f in found)
         cold = [k for k, f in zip(keys, found) if f is not None and f[0] == "disk"][:8]
         answer = engine.prefetch(TENANT, BUCKET, cold + ["absent"])
-        assert answer == {"ram": 0, "disk": 8, "missing": 1}
+        assert answer == {"ram": 0, "disk": 8, "missing": 1, "started": 8}
         for _ in range(50):
             await asyncio.sleep(0.01)
             if all(in_ram(engine, k) for k in cold):
