@@ -15,6 +15,7 @@ import xxhash
 
 from ctxstore import wire
 
+from .. import allocator
 from ..engine import OBJECT_OVERHEAD, Reservation, errors as storage
 from ..protocol.asgi import Request
 from ..protocol.payload import PayloadHash
@@ -134,7 +135,7 @@ class Block:
     async def receive(self, call: BulkCall, body: BodyReader, *, same_request: bool) -> None:
         """Read the block into its own buffer, its reservation growing as the bytes arrive. No room for it
         (everything left pinned or in flight) fails the whole call with SlowDown: nothing is stored."""
-        data = bytearray(self.size)
+        data = allocator.payload_buffer(self.size)  # every byte of it is read from the body or it is dropped
         view = memoryview(data)
         self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed, key=self.key,
                                                same_request=same_request)
