@@ -43,8 +43,8 @@ SCOPE_KEY = "ctxstore.direct"  # where the HTTP protocol puts a request's channe
 Buffer = bytes | bytearray | memoryview
 
 _SCRATCH = 64 << 10  # bytes read ahead when no destination is waiting, and the discard buffer's size
-_HEADER_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # what uvicorn refuses in a header value
-_HEADER_NAME = re.compile(rb'[\x00-\x1f\x7f()<>@,;:\\[\]={} \t\\"]')
+_HEADER_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # what uvicorn refuses in a header value
+_HEADER_NAME = re.compile(r'[\x00-\x1f\x7f()<>@,;:\\[\]={} \t\\"]')
 
 
 def _status_line(status: int) -> bytes:
@@ -56,6 +56,16 @@ def _status_line(status: int) -> bytes:
 
 
 STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+_defaults: tuple[object, bytes] = (None, b"")
+
+
+def _default_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """uvicorn's default headers (the ``date``), as bytes: joined once per list (uvicorn makes a new one each
+    second)."""
+    global _defaults
+    if _defaults[0] is not headers:
+        _defaults = (headers, b"".join(name + b": " + value + b"\r\n" for name, value in headers))
+    return _defaults[1]
 
 
 class ClientDisconnected(Exception):
@@ -68,8 +78,8 @@ class BodyTimeout(Exception):
 
 class BodyWatch:
     """A body's deadline: one timer for the whole body, ticking every quarter of the timeout, that fails the
-    read when, over the last full timeout, less than ``min_rate`` bytes per second arrived (and at least one
-    byte must: a stall fails after 3/4 to 1 timeout, as the ASGI path's deadline does)."""
+    read when, over the last full timeout (four quarters), less than ``min_rate`` bytes per second arrived, or
+    nothing at all: a stall fails after 1 to 1 1/4 timeouts (the ASGI path's deadline: 3/4 to 1)."""
 
     __slots__ = ("_loop", "_quarter", "_required", "_quarters", "_bytes", "_timer", "_on_expire", "expired")
 
@@ -93,8 +103,7 @@ class BodyWatch:
         self._bytes = 0
         if len(quarters) > 4:
             del quarters[0]
-        stalled = len(quarters) >= 3 and not any(quarters[-3:])  # nothing for three quarters
-        if stalled or (len(quarters) == 4 and sum(quarters) < self._required):
+        if len(quarters) == 4 and sum(quarters) < self._required:
             self._timer = None
             self.expired = True
             self._on_expire()
@@ -343,32 +352,23 @@ class DirectChannel:
             await flow.drain()
         if cycle.disconnected:
             return
-        lines = [STATUS_LINES.get(status) or _status_line(status)]
-        names: list[bytes] = []
-        values: list[bytes] = []
-        close = False
-        for name, value in cycle.default_headers:
-            lines += (name, b": ", value, b"\r\n")
-        for name_text, value_text in headers:
-            name, value = name_text.lower().encode("latin-1"), value_text.encode("latin-1")
-            names.append(name)
-            values.append(value)
-            if name == b"connection" and b"close" in (t.strip() for t in value.lower().split(b",")):
-                close = True
-            lines += (name, b": ", value, b"\r\n")
-        if _HEADER_NAME.search(b"".join(names)):
+        names = [name.lower() for name, _ in headers]
+        values = [value for _, value in headers]
+        if _HEADER_NAME.search("".join(names)):
             raise RuntimeError("Invalid HTTP header name.")
-        if _HEADER_VALUE.search(b"".join(values)):
+        if _HEADER_VALUE.search("".join(values)):
             raise RuntimeError("Invalid HTTP header value.")
-        lines += (b"content-length: ", str(length).encode("ascii"), b"\r\n")
-        if close:
+        if "connection" in names and any(n == "connection" and "close" in v.lower() for n, v in zip(names, values)):
             cycle.keep_alive = False
-        elif not cycle.keep_alive:
-            lines.append(b"connection: close\r\n")
-        lines.append(b"\r\n")
+            close = ""
+        else:
+            close = "" if cycle.keep_alive else "connection: close\r\n"
+        text = "".join([f"{name}: {value}\r\n" for name, value in zip(names, values)])
+        start = b"".join((STATUS_LINES.get(status) or _status_line(status), _default_headers(cycle.default_headers),
+                         f"{text}content-length: {length}\r\n{close}\r\n".encode("latin-1")))
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
-        out: list[Buffer] = [b"".join(lines)]
+        out: list[Buffer] = [start]
         if not head:
             out += [part for part in parts if len(part)]
         if len(out) == 1:
