@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import math
@@ -237,6 +238,23 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
     )
 
 
+# The cyclic garbage collector runs a young collection each time the number of live container objects made
+# since the last one passes gen0's threshold (700 by default). A bulk get of 2048 blocks holds ~6,000 such
+# objects (a lease per block) while it is sent, so every get set collections off, their survivors were promoted
+# and full collections followed, each traversing every stored object: with 300,000 blocks stored, a 2048-key get
+# took 24 ms instead of 1.9 ms (and a full collection paused the node ~250 ms). What a request allocates is freed
+# by reference counting when it ends, so a threshold above what one request holds makes collections rare.
+GC_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """Raise gen0's collection threshold above what one request holds, and move what start-up made (modules,
+    the application) out of the collector's way for good."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD, older, oldest)
+    gc.freeze()
+
+
 def _size(n: int) -> str:
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= factor:
@@ -274,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_shards(settings, tenants, scheme, list(sys.argv[1:] if argv is None else argv))
     allocator.tune()
     app = App(settings, tenants)
+    tune_gc()
     base = f"{scheme}://{settings.host}:{settings.port}"
     banner = shards.shard_banner()
     if banner is not None:  # one of a --workers node's shards: the parent printed how to reach them
