@@ -9,7 +9,8 @@ Command (from the repository root; results go in docs/benchmarks.md):
 
 Configurations, all on 127.0.0.1 (a 2-core machine: what it can show):
 
-- ``1 shard, 1 client``: ``ctxstore serve --workers 1``, the shard on core 0; one client process on core 1.
+- ``1 shard, 1 client``: ``ctxstore serve --workers 1`` (one process, as without the flag) on core 0; one
+  client process on core 1.
 - ``2 shards, 1 client``: ``--workers 2``, shard *i* on core *i*; one client process (its one event-loop
   thread fans every call out over both shards' connections), not pinned.
 - ``2 shards, 2 clients``: the same node; two client processes, not pinned, each restoring (saving) its own
@@ -152,7 +153,7 @@ def run_config(label: str, shards: int, clients: int, rounds: int, workdir: Path
         node = procs.start("ctxstore", [*ctxstore_argv(port, f"{2 * shards}GiB"), "--workers", str(shards)], env)
         for i in range(shards):
             wait_ctxstore(procs, node, port + i)
-        pids = shard_pids(node.pid, shards)
+        pids = shard_pids(node.pid, shards) if shards > 1 else [node.pid]  # --workers 1: the node itself
         for i, pid in enumerate(pids):  # shard i on core i (the parent only supervises)
             os.sched_setaffinity(pid, {i % (os.cpu_count() or 1)})
         nodes = f"127.0.0.1:{port}-{port + shards - 1}"
