@@ -21,7 +21,8 @@ Servers, each pinned to core 0 (``taskset -c 0``), all on 127.0.0.1:
 - ASGI ceiling (``benchmarks/asgi_ceiling.py``): uvicorn + uvloop + httptools, the stack ctxstore runs on,
   with a bare ASGI handler over a dict: no routing, authentication, S3 headers or ETag. It stands in for the
   Go server unless ``--gofakes3`` names a binary: gofakes3 is not packaged by Debian and is only published
-  as a Go module, and no Go module proxy is reachable from these machines.
+  as a Go module; Debian's Go (golang-go 1.19) installs here, but the Go module proxy does not resolve from
+  these machines, so ``go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0`` cannot fetch it.
 - gofakes3 (only with ``--gofakes3``): ``-backend memory -initialbucket bench -quiet``.
 - nginx (1 process: ``master_process off``): GET of a static file (sendfile) from tmpfs; PUT through
   ngx_http_dav_module (``dav_methods PUT``), which writes the body to a file on tmpfs and renames it into
@@ -236,7 +237,8 @@ def start_gofakes3(procs: S3Processes, workdir: str, args: argparse.Namespace) -
     exe = args.gofakes3 or shutil.which("gofakes3")
     if not exe:
         raise Unavailable("no gofakes3 binary (--gofakes3 PATH): it is no Debian package and only a Go module, and "
-                          "no Go module proxy is reachable here; the ASGI ceiling stands in for it")
+                          "the Go module proxy is not reachable here (Debian's Go installs, cannot fetch it); the "
+                          "ASGI ceiling stands in for it")
     port = free_port()
     proc = procs.start("gofakes3", [exe, "-backend", "memory", "-host", f"127.0.0.1:{port}",
                                     "-initialbucket", BUCKET, "-quiet"])
