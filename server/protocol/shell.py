@@ -18,6 +18,7 @@ from typing import Protocol
 
 from ..metrics import CLIENT_CLOSED, RequestMetrics
 from .asgi import BodyTimeout, Buffer, ClientDisconnected, Receive, Request, Scope, Send, ascii_int, send_response
+from .direct import SCOPE_KEY
 from .errors import Reject, RequestError
 
 log = logging.getLogger("ctxstore.request")
@@ -69,6 +70,7 @@ async def serve(service: Service, metrics: RequestMetrics, limits: BodyLimits,
     except ClientDisconnected:
         log.info("%s %s: client disconnected during the body; nothing stored", req.method, req.raw_path)
         metrics.observe_request(service.api, req, CLIENT_CLOSED, started, 0)
+        req.scope.pop(SCOPE_KEY, None)
         return
     except BodyTimeout:
         stalled = True  # the rest of the body may never come: the connection cannot be kept
@@ -97,6 +99,9 @@ async def serve(service: Service, metrics: RequestMetrics, limits: BodyLimits,
     finally:
         for done in reply.after:  # e.g. the leases of the payloads being sent: they may be freed now
             done()
+        # The channel refers to uvicorn's cycle, whose scope refers to the channel: break that cycle now rather
+        # than leave the request's objects (and any read-ahead buffer) to the garbage collector.
+        req.scope.pop(SCOPE_KEY, None)
     metrics.observe_request(service.api, req, reply.status, started, sent)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s %s %s -> %d in %.2f ms", service.api, req.method, req.raw_path, reply.status,
