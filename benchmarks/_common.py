@@ -124,9 +124,35 @@ def ctxstore_argv(port: int, memory: str = "2GiB") -> list[str]:
     return [*cmd, "serve", "--port", str(port), "--memory", memory, "--log-level", "warning"]
 
 
-def start_ctxstore(procs: Processes, port: int, memory: str = "2GiB") -> subprocess.Popen[bytes]:
+def start_ctxstore(procs: Processes, port: int, memory: str = "2GiB", source: Path | None = None
+                   ) -> subprocess.Popen[bytes]:
+    """A node of this environment's ctxstore, or (``source``: a checkout of another commit, e.g. ``git worktree
+    add /tmp/before <commit>``) that checkout's server, to measure before and after in the same rounds."""
     env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS, "CTXSTORE_SECRET_KEY": SECRET}
-    return procs.start("ctxstore", ctxstore_argv(port, memory), env)
+    if source is None:
+        return procs.start("ctxstore", ctxstore_argv(port, memory), env)
+    return procs.start("ctxstore-baseline", baseline_argv(source, port, memory), {**env, **baseline_env(source)})
+
+
+def baseline_env(source: Path) -> dict[str, str]:
+    """PYTHONPATH that makes ``ctxstore_server`` the server of checkout ``source`` (its folder server/)."""
+    if not (source / "server" / "serve.py").exists():
+        raise RuntimeError(f"{source} is no ctxstore checkout (no server/serve.py)")
+    shim = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    (shim / "ctxstore_server").symlink_to((source / "server").resolve())
+    return {"PYTHONPATH": str(shim)}
+
+
+def baseline_argv(source: Path, port: int, memory: str = "2GiB") -> list[str]:
+    return [sys.executable, "-m", "ctxstore_server.serve", "--port", str(port), "--memory", memory,
+            "--log-level", "warning"]
+
+
+def source_commit(source: Path) -> str:
+    """The short commit a checkout is at (a folder that is no checkout, e.g. a ``git archive``: its name)."""
+    done = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], check=False,
+                          capture_output=True, text=True, timeout=10)
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else source.name
 
 
 def wait_ctxstore(procs: Processes, proc: subprocess.Popen[bytes], port: int, timeout: float = 30) -> None:

@@ -7,6 +7,8 @@ Command (from the repository root; results go in docs/benchmarks.md):
     .venv/bin/pip install -e '.[bench]'                   # redis-py + hiredis, mooncake-transfer-engine-non-cuda,
                                                           # matplotlib
     .venv/bin/python benchmarks/restore_save.py           # defaults: --runs 20 --warmup 2 --budget 25
+    # optional: --baseline DIR, a checkout of an earlier commit (git worktree add DIR COMMIT): its server runs as
+    #   one more system, "ctxstore before (<commit>)", driven by this client: before/after in the same rounds
 
 A peer that is not installed (or does not start) is skipped with a message; the run goes on without it.
 
@@ -83,6 +85,7 @@ from _common import (
     pin_client,
     pyplot,
     save_figure,
+    source_commit,
     source_state,
     start_ctxstore,
     stats,
@@ -339,6 +342,9 @@ class Bench:
     src: memoryview
     prompt: list[int]
     rng: random.Random
+    baseline: ContextStore | None = None  # --baseline: a node of an earlier commit, driven by this client
+    baseline_pids: list[int] | None = None
+    baseline_name: str = ""
 
 
 def run(args: argparse.Namespace, notes: list[str], skipped: list[str], versions: list[str]) -> list[Scenario]:
@@ -379,6 +385,16 @@ def run(args: argparse.Namespace, notes: list[str], skipped: list[str], versions
         rng = random.Random(1234)
         b = Bench(args, store, [node.pid], peers.get("redis"), peers.get("mooncake"), peers.get("ceiling"),
                   arena, memoryview(arena), memoryview(source), fresh_prompt(rng), rng)
+        if args.baseline is not None:
+            bport = free_port()
+            bnode = start_ctxstore(procs, bport, source=args.baseline)
+            wait_ctxstore(procs, bnode, bport)
+            b.baseline = ContextStore(f"127.0.0.1:{bport}", access_key=ACCESS, secret_key=SECRET, strict=True,
+                                      timeouts=Timeouts(connect=5, read=20, total=60),
+                                      limits=Limits(bytes_per_call=256 << 20))
+            closers.append(b.baseline.close)
+            b.baseline_pids, b.baseline_name = [bnode.pid], f"ctxstore before ({source_commit(args.baseline)})"
+            versions.append(f"{b.baseline_name}: the server of {args.baseline}, driven by this client")
         if b.redis:
             versions.append(f"{b.redis.version}, redis-py {version('redis')}, hiredis {version('hiredis')}")
         if b.mc:
@@ -421,6 +437,17 @@ def shape_scenarios(b: Bench, label: str, block_tokens: int, block_bytes: int) -
         return ns.restore(b.prompt, out=b.arena).n_blocks
 
     restore = [Variant("ctxstore", ctx_restore, n, b.node_pids)]
+    bns = None
+    if b.baseline is not None:
+        bns = b.baseline.namespace(f"bench-b{block_tokens}", model="bench/restore-save", block_size=block_tokens)
+        if bns.save(b.prompt, blocks).stored != n:
+            raise RuntimeError("baseline ctxstore: loading the restore blocks failed")
+        base_ns = bns
+
+        def base_restore() -> int:
+            return base_ns.restore(b.prompt, out=b.arena).n_blocks
+
+        restore.append(Variant(b.baseline_name, base_restore, n, b.baseline_pids or []))
     if redis_peer:
         rp = redis_peer
 
@@ -464,6 +491,18 @@ def shape_scenarios(b: Bench, label: str, block_tokens: int, block_bytes: int) -
         _expect(ns.delete(current["ctxstore"][0]), n, "ctxstore delete")
 
     save = [Variant("ctxstore", ctx_save, n, b.node_pids, prepare=fresh("ctxstore"), cleanup=ctx_delete)]
+    if bns is not None:
+        bsave_ns = bns
+
+        def base_save() -> int:
+            result = bsave_ns.save(current["baseline"][0], blocks)
+            return result.stored if result.existed == 0 else -1
+
+        def base_delete() -> None:
+            _expect(bsave_ns.delete(current["baseline"][0]), n, "baseline ctxstore delete")
+
+        save.append(Variant(b.baseline_name, base_save, n, b.baseline_pids or [], prepare=fresh("baseline"),
+                            cleanup=base_delete))
     if redis_peer:
         rp = redis_peer
 
@@ -511,6 +550,14 @@ def lookup_scenario(b: Bench, notes: list[str]) -> Scenario:
         return ns.lookup(tokens)
 
     lookup = [Variant("ctxstore", ctx_lookup, LOOKUP_KEYS, b.node_pids)]
+    if b.baseline is not None:
+        lns = b.baseline.namespace("bench-lookup", model="bench/restore-save", block_size=16)
+        lns.save(tokens, values)
+
+        def base_lookup() -> int:
+            return lns.lookup(tokens)
+
+        lookup.append(Variant(b.baseline_name, base_lookup, LOOKUP_KEYS, b.baseline_pids or []))
     if b.redis:
         rp = b.redis
         rp.load(keys, values)
@@ -696,7 +743,7 @@ def plot(rows: Sequence[Row], path: Path, note: str) -> None:
     if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.6), gridspec_kw={"width_ratios": [2, 2, 1.3]})
-    colours = {"ctxstore": "#1f77b4", "Redis": "#d62728", "Mooncake": "#ff7f0e", "C loopback, unbounded": "#7f7f7f",
+    colours = {"ctxstore before": "#aec7e8", "ctxstore": "#1f77b4", "Redis": "#d62728", "Mooncake": "#ff7f0e", "C loopback, unbounded": "#7f7f7f",
                "C loopback": "#bbbbbb"}
 
     def colour(system: str) -> str:
@@ -748,6 +795,8 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=25.0, help="seconds of timed rounds per scenario, at most")
     parser.add_argument("--peers", default="redis,mooncake,ceiling", help="which peers to run (comma-separated)")
     parser.add_argument("--plot", type=Path, default=PLOT, help="where to write the PNG")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of an earlier commit: its server runs as one more system (before/after)")
     args = parser.parse_args()
     if not 1 <= args.runs <= 200 or not 0 <= args.warmup <= 10:
         parser.error("--runs must be 1..200 and --warmup 0..10")

@@ -9,6 +9,8 @@ Command (from the repository root; results go in docs/benchmarks.md):
     .venv/bin/python benchmarks/s3_throughput.py       # defaults: --rounds 3 --seconds 4
                                                        #   --cases GET:65536,PUT:65536,GET:1048576
     # optional: --gofakes3 /path/to/gofakes3 (a binary built elsewhere: it is no Debian package)
+    # optional: --baseline DIR, a checkout of an earlier commit (git worktree add DIR COMMIT): its server runs
+    #   in the same rounds as one more peer, "ctxstore before (<commit>)": before/after under the same load
 
 A server that is not installed (or does not start) is skipped with a message; the run goes on without it.
 
@@ -21,7 +23,8 @@ Servers, each pinned to core 0 (``taskset -c 0``), all on 127.0.0.1:
 - ASGI ceiling (``benchmarks/asgi_ceiling.py``): uvicorn + uvloop + httptools, the stack ctxstore runs on,
   with a bare ASGI handler over a dict: no routing, authentication, S3 headers or ETag. It stands in for the
   Go server unless ``--gofakes3`` names a binary: gofakes3 is not packaged by Debian and is only published
-  as a Go module, and no Go module proxy is reachable from these machines.
+  as a Go module; Debian's Go (golang-go 1.19) installs here, but the Go module proxy does not resolve from
+  these machines, so ``go install github.com/johannesboyne/gofakes3/cmd/gofakes3@v1.2.0`` cannot fetch it.
 - gofakes3 (only with ``--gofakes3``): ``-backend memory -initialbucket bench -quiet``.
 - nginx (1 process: ``master_process off``): GET of a static file (sendfile) from tmpfs; PUT through
   ngx_http_dav_module (``dav_methods PUT``), which writes the body to a file on tmpfs and renames it into
@@ -73,6 +76,7 @@ from _common import (
     free_port,
     pyplot,
     save_figure,
+    source_commit,
     source_state,
     start_ctxstore,
     stats,
@@ -219,6 +223,15 @@ def start_ctx(procs: S3Processes, workdir: str, args: argparse.Namespace) -> Ser
     return Server("ctxstore", f"http://127.0.0.1:{port}", [proc.pid])
 
 
+def start_baseline(procs: S3Processes, workdir: str, args: argparse.Namespace) -> Server:
+    if args.baseline is None:
+        raise Unavailable("no --baseline checkout given")
+    port = free_port()
+    proc = start_ctxstore(procs, port, source=args.baseline)
+    wait_ctxstore(procs, proc, port)
+    return Server(f"ctxstore before ({source_commit(args.baseline)})", f"http://127.0.0.1:{port}", [proc.pid])
+
+
 def start_asgi(procs: S3Processes, workdir: str, args: argparse.Namespace) -> Server:
     try:
         import httptools  # noqa: F401
@@ -236,7 +249,8 @@ def start_gofakes3(procs: S3Processes, workdir: str, args: argparse.Namespace) -
     exe = args.gofakes3 or shutil.which("gofakes3")
     if not exe:
         raise Unavailable("no gofakes3 binary (--gofakes3 PATH): it is no Debian package and only a Go module, and "
-                          "no Go module proxy is reachable here; the ASGI ceiling stands in for it")
+                          "the Go module proxy is not reachable here (Debian's Go installs, cannot fetch it); the "
+                          "ASGI ceiling stands in for it")
     port = free_port()
     proc = procs.start("gofakes3", [exe, "-backend", "memory", "-host", f"127.0.0.1:{port}",
                                     "-initialbucket", BUCKET, "-quiet"])
@@ -274,7 +288,7 @@ def start_moto(procs: S3Processes, workdir: str, args: argparse.Namespace) -> Se
 
 
 STARTERS: dict[str, Callable[[S3Processes, str, argparse.Namespace], Server]] = {
-    "ctxstore": start_ctx, "gofakes3": start_gofakes3, "asgi": start_asgi, "nginx": start_nginx, "moto": start_moto,
+    "ctxstore": start_ctx, "baseline": start_baseline, "gofakes3": start_gofakes3, "asgi": start_asgi, "nginx": start_nginx, "moto": start_moto,
 }
 
 
@@ -326,7 +340,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=4, help="length of one wrk run")
     parser.add_argument("--cases", default="GET:65536,PUT:65536,GET:1048576",
                         help="OP:SIZE,... with OP in GET, PUT, PUT+sha256")
-    parser.add_argument("--servers", default="ctxstore,gofakes3,asgi,nginx,moto")
+    parser.add_argument("--servers", default="ctxstore,baseline,gofakes3,asgi,nginx,moto")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of an earlier commit: its server runs as one more peer (before/after)")
     parser.add_argument("--gofakes3", default=None, help="a gofakes3 binary to include as a peer")
     parser.add_argument("--plot", type=Path, default=PLOT, help="where to write the PNG")
     args = parser.parse_args()
@@ -348,6 +364,8 @@ def main() -> int:
     payloads = {size: os.urandom(size) for size in {s for _, s in cases}}
     try:
         for name in args.servers.split(","):
+            if name == "baseline" and args.baseline is None:
+                continue  # only with --baseline
             try:
                 server = STARTERS[name](procs, workdir, args)
                 prepare(server, cases, payloads)
@@ -448,7 +466,8 @@ def plot(cases: Sequence[tuple[str, int]], servers: Sequence[Server], results: d
         base = statistics.median(results[(ci, "ctxstore")].rps)
         names = [s.name for s in servers]
         values = [statistics.median(results[(ci, n)].rps) for n in names]
-        ax.bar(range(len(names)), values, color=[colours.get(n, "#8c564b") for n in names])
+        ax.bar(range(len(names)), values,
+               color=["#aec7e8" if n.startswith("ctxstore before") else colours.get(n, "#8c564b") for n in names])
         for i, (n, v) in enumerate(zip(names, values, strict=True)):
             text = f"{v / 1000:.1f}k" if n == "ctxstore" else f"{v / base:.2f}×"
             ax.text(i, v, text, ha="center", va="bottom", fontsize=6)

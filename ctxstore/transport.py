@@ -89,7 +89,6 @@ class Connection(asyncio.BufferedProtocol):
         self.received_any = False
         self._progress = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._drain: asyncio.Future[None] | None = None
         # Set when a get_buffer call cannot place what arrives: the bytes go to the sink until buffer_updated
         # fails the request and drops the connection. Aborting inside get_buffer instead hands the event loop a
         # buffer whose transport is gone: uvloop then writes into freed memory and the process dies.
@@ -107,17 +106,13 @@ class Connection(asyncio.BufferedProtocol):
         self.reusable = False
         self.transport = None
         self._cancel_timer()
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_exception(NodeUnavailable(self.node, "connection lost while sending"))
         self._fail(NodeUnavailable(self.node, f"connection closed{': ' + str(exc) if exc else ''}"))
 
     def pause_writing(self) -> None:
-        self._drain = self._loop.create_future()
+        pass  # a request's bytes are all handed to the transport at once (request): nothing to hold back
 
     def resume_writing(self) -> None:
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
-        self._drain = None
+        pass
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """Where the next bytes go. Never fails and never closes anything (see ``_broken``)."""
@@ -176,21 +171,11 @@ class Connection(asyncio.BufferedProtocol):
         self._arm_timer()
         waiter = self._waiter
         transport = self.transport
-        try:
-            transport.write(head)
-            for part in body:
-                if waiter.done():  # answered before the body was sent (an early error): stop sending
-                    break
-                if self._drain is not None:
-                    await self._drain
-                if self.transport is None:
-                    break
-                transport.write(part)
-        except NodeUnavailable:
-            # The node may have answered (e.g. "over the limit") and closed before taking the whole body:
-            # that answer is the outcome, not a dead node.
-            if not (waiter.done() and not waiter.cancelled() and waiter.exception() is None):
-                raise
+        # Head and every payload at once: the event loop sends them with as few writev calls as the socket takes
+        # and keeps the rest referenced, not copied (one write per block made 2,048 system calls per 128 MiB
+        # save). Flow control is the transport's. A node that answers early (e.g. "over the limit") and closes
+        # before taking the whole body: that answer is the outcome, not a dead node.
+        transport.writelines([head, *body])
         try:
             return await waiter
         finally:

@@ -160,6 +160,9 @@ class Settings:
                 "Idle connections (kept alive, or new and silent) close after this.")
     drain_timeout: float = setting(30.0, DURATION, "CTXSTORE_DRAIN_TIMEOUT",
                 "On SIGTERM, in-flight requests get this long to finish.")
+    workers: int = setting(1, INT, "CTXSTORE_WORKERS",
+                "Shard processes: shard i serves on --port + i with 1/N of --memory, each an independent node; "
+                "clients list them as `host:PORT-LASTPORT` (docs/operations.md).")
     tls_cert: str = setting("", STR, "CTXSTORE_TLS_CERT",
                 "PEM certificate: serve HTTPS (with --tls-key).")
     tls_key: str = setting("", STR, "CTXSTORE_TLS_KEY",

@@ -1,8 +1,12 @@
 """Shared fixtures: a real ctxstore node (uvicorn on a free loopback port, in a subprocess) and real
-clients talking to it. The helpers themselves live in ``support.nodes``."""
+clients talking to it. The helpers themselves live in ``support.nodes``.
+
+``CTXSTORE_TEST_WORKERS=N`` makes the session's node a ``--workers N`` node (the tests talk to its first
+shard): e.g. ``CTXSTORE_TEST_WORKERS=2 scripts/test tests/bulk tests/s3`` runs those suites against one."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +36,9 @@ def server(tmp_session: Path) -> Iterator[Node]:
     tenants.write_text(
         '[{"tenant": "other", "access_key": "%s", "secret_key": "%s"}]' % (OTHER_ACCESS_KEY, OTHER_SECRET_KEY)
     )
-    node = start_node(tmp_session, "--memory", "512MiB", "--default-ttl", "1h",
+    workers = int(os.environ.get("CTXSTORE_TEST_WORKERS", "1"))
+    memory = f"{512 * workers}MiB"  # 512 MiB for the shard the tests use, whatever the number of shards
+    node = start_node(tmp_session, "--memory", memory, "--default-ttl", "1h", "--workers", str(workers),
                       env={"CTXSTORE_TENANTS_FILE": str(tenants), "CTXSTORE_DOMAIN": "s3.ctx.test"})
     yield node
     node.stop()

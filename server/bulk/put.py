@@ -9,15 +9,15 @@ arrived and parsed; then each block is stored or rejected on its own, in one eng
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import xxhash
 
 from ctxstore import wire
 
+from .. import allocator
 from ..engine import OBJECT_OVERHEAD, Reservation, errors as storage
-from ..protocol.asgi import BodyTimeout
+from ..protocol.asgi import Request
 from ..protocol.payload import PayloadHash
 from ..protocol.shell import Reply
 from .call import MAX_FRAME, BulkCall
@@ -25,10 +25,11 @@ from .errors import BulkError
 from .ops import frame_reply
 
 RECEIVE_SLICE = 1 << 20  # a block's reservation grows by this much before each slice of it is read
+SKIP_SLICE = 64 << 10  # the payloads of blocks that already exist are read away through this much
 
 
 async def put(call: BulkCall) -> Reply:
-    body = BodyReader(call.req.chunks(), PayloadHash(call.auth))
+    body = BodyReader(call.req, PayloadHash(call.auth))
     blocks: list[Block] = []
     declared = call.declared_length()
     if declared is not None and declared > MAX_FRAME + call.max_bytes:
@@ -130,7 +131,7 @@ class Block:
     async def receive(self, call: BulkCall, body: BodyReader, *, same_request: bool) -> None:
         """Read the block into its own buffer, its reservation growing as the bytes arrive. No room for it
         (everything left pinned or in flight) fails the whole call with SlowDown: nothing is stored."""
-        data = bytearray(self.size)
+        data = allocator.payload_buffer(self.size)  # every byte of it is read from the body or it is dropped
         view = memoryview(data)
         self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed, key=self.key,
                                                same_request=same_request)
@@ -155,57 +156,43 @@ class Block:
 
 
 class BodyReader:
-    """Exact byte counts out of a request body that arrives in chunks of any size."""
+    """Exact byte counts out of a request body. Below ASGI (the node's own HTTP protocol) the kernel writes
+    each payload straight into its block's buffer (:meth:`~ctxstore_server.protocol.asgi.Request.readinto`)."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], payload_hash: PayloadHash) -> None:
-        self._chunks = chunks
-        self._view = memoryview(b"")
+    def __init__(self, req: Request, payload_hash: PayloadHash) -> None:
+        self._req = req
+        self._scratch: memoryview | None = None
         self.payload_hash = payload_hash  # hashes every byte received (x-amz-content-sha256 with a digest)
-
-    async def _next(self) -> bool:
-        try:
-            chunk = await self._chunks.__anext__()
-        except StopAsyncIteration:
-            return False
-        except TimeoutError:
-            raise BodyTimeout() from None
-        self.payload_hash.update(chunk)
-        self._view = memoryview(chunk)
-        return True
 
     async def read_into(self, dest: memoryview) -> None:
         """Fill ``dest``; IncompleteBody if the body ends first."""
-        pos = 0
-        while pos < len(dest):
-            if not self._view and not await self._next():
-                raise wire.WireError("the body ended inside the frame", "IncompleteBody")
-            take = min(len(dest) - pos, len(self._view))
-            dest[pos:pos + take] = self._view[:take]
-            self._view = self._view[take:]
-            pos += take
+        n = await self._req.readinto(dest)
+        if self.payload_hash.active:
+            self.payload_hash.update(dest[:n])
+        if n < len(dest):
+            raise wire.WireError("the body ended inside the frame", "IncompleteBody")
 
     async def read(self, n: int) -> bytearray:
         buf = bytearray(n)
         await self.read_into(memoryview(buf))
         return buf
 
+    def _scratch_view(self) -> memoryview:
+        if self._scratch is None:
+            self._scratch = memoryview(bytearray(SKIP_SLICE))
+        return self._scratch
+
     async def skip(self, n: int) -> None:
+        scratch = self._scratch_view()
         while n:
-            if not self._view and not await self._next():
-                raise wire.WireError("the body ended inside the frame", "IncompleteBody")
-            take = min(n, len(self._view))
-            self._view = self._view[take:]
+            take = min(n, len(scratch))
+            await self.read_into(scratch[:take])
             n -= take
 
     async def at_end(self) -> bool:
         """Whether the body ends here (reads on to its end to find out)."""
-        while not self._view:
-            if not await self._next():
-                return True
-        return False
+        return await self._req.readinto(self._scratch_view()[:1]) == 0
 
     async def close(self) -> None:
-        """Close the chunk generator so its body timeout cannot fire later."""
-        aclose = getattr(self._chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        """Done with the body: its timeout cannot fire later."""
+        await self._req.close_body()

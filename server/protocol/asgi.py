@@ -2,7 +2,8 @@
 response sender that hands stored buffers to the server without copying them.
 
 Framework routing costs a large share of small-request throughput, so the S3 and bulk services read the
-ASGI scope directly (docs/architecture.md).
+ASGI scope directly (docs/architecture.md). Where the node's HTTP protocol offers the path below ASGI
+(:mod:`.direct`), :meth:`Request.readinto` reads the body through it straight into the caller's buffers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 from urllib.parse import unquote
+
+from .direct import SCOPE_KEY, BodyTimeout, ClientDisconnected, DirectChannel
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -26,13 +29,7 @@ SEND_SLICE = 1 << 20
 _REQUEST_IDS = itertools.count(1)
 _NODE_TAG = os.urandom(3).hex().upper()
 
-
-class ClientDisconnected(Exception):
-    """The client went away before its request body was complete: nothing to answer, nothing stored."""
-
-
-class BodyTimeout(Exception):
-    """The client stalled while sending its body."""
+__all__ = ["BodyTimeout", "ClientDisconnected", "DirectChannel", "Request", "send_response"]
 
 
 class Request:
@@ -40,7 +37,7 @@ class Request:
 
     __slots__ = (
         "scope", "receive", "method", "raw_path", "query_string", "query", "headers", "request_id",
-        "body_started", "body_done", "body_timeout", "min_body_rate",
+        "body_started", "body_done", "body_timeout", "min_body_rate", "direct", "_chunks", "_rest",
     )
 
     def __init__(self, scope: Scope, receive: Receive, body_timeout: float = 30.0,
@@ -63,6 +60,12 @@ class Request:
         self.body_done = False
         self.body_timeout = body_timeout
         self.min_body_rate = min_body_rate  # bytes per second, measured over each body_timeout
+        # The path below ASGI, when the server offers it (the node's own HTTP protocol does).
+        self.direct: DirectChannel | None = scope.get(SCOPE_KEY)
+        if self.direct is not None:
+            self.direct.timeout, self.direct.min_rate = body_timeout, min_body_rate
+        self._chunks: AsyncIterator[bytes] | None = None  # readinto over ASGI: the chunks, and what is left
+        self._rest = memoryview(b"")
 
     def header(self, name: str, default: str | None = None) -> str | None:
         return self.headers.get(name, default)
@@ -102,8 +105,53 @@ class Request:
                     deadline.reschedule(now + self.body_timeout)
                     moved = now
 
+    async def readinto(self, view: memoryview) -> int:
+        """Fill ``view`` from the body; fewer bytes only where the body ends (0: it has ended). Below ASGI the
+        kernel writes straight into ``view``; over ASGI each chunk is copied once. Raises ClientDisconnected,
+        or BodyTimeout as :meth:`chunks` does."""
+        self.body_started = True
+        if self.direct is not None:
+            n = await self.direct.readinto(view)
+            if self.direct.body_done:
+                self.body_done = True
+            return n
+        pos = 0
+        while pos < len(view):
+            if not self._rest:
+                if self._chunks is None:
+                    self._chunks = self.chunks()
+                try:
+                    self._rest = memoryview(await self._chunks.__anext__())
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise BodyTimeout() from None
+            take = min(len(view) - pos, len(self._rest))
+            view[pos:pos + take] = self._rest[:take]
+            self._rest = self._rest[take:]
+            pos += take
+        return pos
+
+    async def close_body(self) -> None:
+        """Done with the body: its deadline cannot fire later and no buffer of the handler's is written to."""
+        if self.direct is not None:
+            self.direct.close_body()
+        if self._chunks is not None:
+            aclose = getattr(self._chunks, "aclose", None)
+            self._chunks = None
+            if aclose is not None:
+                await aclose()
+
     async def read_all(self, limit: int) -> bytes | None:
         """The whole (small) body, or None if it exceeds ``limit`` bytes (the rest is left unread)."""
+        length = ascii_int(self.headers.get("content-length")) if "transfer-encoding" not in self.headers else None
+        if self.direct is not None and length is not None:
+            if length > limit:
+                return None
+            data = bytearray(length)
+            if await self.readinto(memoryview(data)) != length:
+                raise ClientDisconnected()  # a Content-Length body ends only where the connection does
+            return bytes(data)
         parts: list[bytes] = []
         size = 0
         try:

@@ -4,7 +4,8 @@ A service (:class:`Service`) parses, authenticates and handles a request and kno
 own protocol; the shell does the rest, once: it runs the handler, turns every failure into the service's error
 answer (and an unexpected one into an internal error, logged), decides whether the connection can be kept
 after an answer given before the body was read, adds the request id, sends the reply's buffers without
-copying them, and counts the request in the metrics.
+copying them (below ASGI, when the server offers it: all of them in one ``writelines``, :mod:`.direct`), and
+counts the request in the metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Protocol
 
 from ..metrics import CLIENT_CLOSED, RequestMetrics
 from .asgi import BodyTimeout, Buffer, ClientDisconnected, Receive, Request, Scope, Send, ascii_int, send_response
+from .direct import SCOPE_KEY
 from .errors import Reject, RequestError
 
 log = logging.getLogger("ctxstore.request")
@@ -68,6 +70,7 @@ async def serve(service: Service, metrics: RequestMetrics, limits: BodyLimits,
     except ClientDisconnected:
         log.info("%s %s: client disconnected during the body; nothing stored", req.method, req.raw_path)
         metrics.observe_request(service.api, req, CLIENT_CLOSED, started, 0)
+        req.scope.pop(SCOPE_KEY, None)
         return
     except BodyTimeout:
         stalled = True  # the rest of the body may never come: the connection cannot be kept
@@ -77,16 +80,28 @@ async def serve(service: Service, metrics: RequestMetrics, limits: BodyLimits,
     except Exception:
         log.exception("internal error in %s %s %s", service.api, req.method, req.raw_path)
         reply = service.error_reply(req, RequestError(Reject.INTERNAL))
+    finally:
+        await req.close_body()
     reply.headers.append(("x-amz-request-id", req.request_id))
     if stalled or must_close(req):
         reply.headers.append(("connection", "close"))
     head = req.method == "HEAD"
     try:
-        sent = await send_response(send, reply.status, reply.headers, reply.body, head=head,
-                                   content_length=reply.content_length)
+        if req.direct is not None:
+            body = reply.body
+            parts: Sequence[Buffer] = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
+            length = sum(len(p) for p in parts) if reply.content_length is None else reply.content_length
+            await req.direct.respond(reply.status, reply.headers, parts, head=head, length=length)
+            sent = 0 if head else length
+        else:
+            sent = await send_response(send, reply.status, reply.headers, reply.body, head=head,
+                                       content_length=reply.content_length)
     finally:
         for done in reply.after:  # e.g. the leases of the payloads being sent: they may be freed now
             done()
+        # The channel refers to uvicorn's cycle, whose scope refers to the channel: break that cycle now rather
+        # than leave the request's objects (and any read-ahead buffer) to the garbage collector.
+        req.scope.pop(SCOPE_KEY, None)
     metrics.observe_request(service.api, req, reply.status, started, sent)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s %s %s -> %d in %.2f ms", service.api, req.method, req.raw_path, reply.status,

@@ -5,6 +5,7 @@ contains a secret."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -96,8 +97,10 @@ def uri_encode(raw: bytes, safe: str = "") -> str:
     return quote(raw, safe=safe)
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_amz_date(value: str) -> float | None:
-    """Unix time of an ISO 8601 basic timestamp (20130524T000000Z), None if it is not one."""
+    """Unix time of an ISO 8601 basic timestamp (20130524T000000Z), None if it is not one. Kept for the
+    recent values: every request signed in the same second carries the same one."""
     if not _AMZ_DATE.fullmatch(value):
         return None
     try:  # by hand: time.strptime costs more than the rest of a SigV4 check

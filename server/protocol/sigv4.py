@@ -137,6 +137,9 @@ def _canonical_queries(params: list[Param], exclude: bytes | None = None) -> Ite
     """The query re-encoded by AWS's rules, then, if different, as sent (sorted): clients that leave
     characters such as ``:`` unescaped in the query sign it as they send it."""
     kept = [p for p in params if p.name != exclude]
+    if not kept:  # most object requests: one (empty) form
+        yield ""
+        return
     canonical = "&".join(f"{n}={v}" for n, v in sorted((uri_encode(p.name), uri_encode(p.value)) for p in kept))
     yield canonical
     as_sent = "&".join("=".join(pair) for pair in sorted(_as_sent(p) for p in kept))

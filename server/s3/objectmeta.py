@@ -4,6 +4,7 @@ conditional requests and byte ranges."""
 from __future__ import annotations
 
 import email.utils
+import functools
 import re
 import time
 from collections.abc import Mapping
@@ -75,7 +76,20 @@ def metadata_from_headers(headers: Mapping[str, str]) -> tuple[str, dict[str, st
 
 
 def http_date(ts: float) -> str:
-    return email.utils.formatdate(int(ts), usegmt=True)
+    """RFC 1123 date of a Unix time (Last-Modified): formatted once per second and kept (an object's date is
+    asked for on every GET and HEAD of it; email.utils.formatdate alone was 6 % of a 64 KiB GET)."""
+    return _http_date(int(ts))
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+@functools.lru_cache(maxsize=4096)
+def _http_date(seconds: int) -> str:
+    t = time.gmtime(seconds)
+    return (f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+            f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT")
 
 
 def expires_at_header(obj: StoredObject | Completion) -> str:

@@ -79,13 +79,20 @@ UNSUPPORTED_SUBRESOURCES: tuple[str, ...] = (
 # Operations routed but answered NotImplemented (listed in docs/s3-compatibility.md as rejected).
 NOT_IMPLEMENTED_OPERATIONS = tuple(r.operation for r in ROUTES if r.handler is None)
 
+# The rows of each (method, target kind), in table order: a request is matched against those only.
+_CANDIDATES: dict[tuple[str, str], tuple[Route, ...]] = {}
+for _route in ROUTES:
+    _CANDIDATES[(_route.method, _route.target)] = (*_CANDIDATES.get((_route.method, _route.target), ()), _route)
+
+
 def resolve(method: str, target: Target, query: Mapping[str, str], headers: Mapping[str, str]) -> Route:
     """The route for a request, or S3Error (NotImplemented / MethodNotAllowed)."""
-    for sub in UNSUPPORTED_SUBRESOURCES:
-        if sub in query:
-            raise S3Error("NotImplemented", f"The {sub} sub-resource is not implemented by ctxstore.")
+    if query:
+        for sub in UNSUPPORTED_SUBRESOURCES:
+            if sub in query:
+                raise S3Error("NotImplemented", f"The {sub} sub-resource is not implemented by ctxstore.")
     kind = target.kind
-    for route in ROUTES:
+    for route in _CANDIDATES.get((method, kind), ()):
         if route.matches(method, kind, query, headers):
             if route.handler is None:
                 raise S3Error("NotImplemented", f"{route.operation} is not implemented by ctxstore.")

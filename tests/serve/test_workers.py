@@ -1,0 +1,207 @@
+"""``ctxstore serve --workers N`` (server/shards.py): N shard processes on consecutive ports, each an
+independent node with 1/N of the budget, that the client reaches as ``host:FIRST-LAST``; the parent hands its
+credentials to every shard, restarts a shard that dies and stops them all on SIGTERM. Also the per-shard split
+of the settings and the port-range syntax of node lists."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port, make_client, wait_ready
+from support.probes import ADMIN_TOKEN, Admin, wait_until
+
+from ctxstore import ContextStore, Timeouts
+from ctxstore.endpoints import parse_endpoints
+from ctxstore_server import shards
+from ctxstore_server.settings import Settings
+
+MiB = 1 << 20
+
+
+def free_ports(n: int) -> int:
+    """A first port with the n - 1 after it free as well (as far as anyone can tell before binding)."""
+    for _ in range(50):
+        first = free_port()
+        if first + n > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", port))
+                socks.append(s)
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of free ports")
+
+
+def start_workers(tmp: Path, n: int, *args: str, env: dict[str, str] | None = None,
+                  credentials: bool = True) -> Node:
+    port = free_ports(n)
+    log = tmp / f"workers-{port}.log"
+    full_env = {**os.environ, "CTXSTORE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})}
+    if credentials:
+        full_env.update(CTXSTORE_ACCESS_KEY=ACCESS_KEY, CTXSTORE_SECRET_KEY=SECRET_KEY)
+    else:
+        full_env.pop("CTXSTORE_ACCESS_KEY", None)
+        full_env.pop("CTXSTORE_SECRET_KEY", None)
+    cmd = [sys.executable, "-m", "ctxstore_server.serve", "--port", str(port), "--workers", str(n), *args]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    node = Node(port=port, proc=proc, log=log, env=full_env)
+    for i in range(n):
+        wait_ready(Node(port=port + i, proc=proc, log=log))
+    return node
+
+
+def shard(node: Node, i: int) -> Node:
+    return Node(port=node.port + i, proc=node.proc, log=node.log, env=node.env)
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    node = start_workers(tmp_path_factory.mktemp("workers"), 2, "--memory", "64MiB")
+    yield node
+    node.stop()
+
+
+def test_each_shard_is_a_node_with_its_share_of_the_budget(workers: Node) -> None:
+    stats = [Admin(shard(workers, i)).stats() for i in range(2)]
+    assert [s["budget"] for s in stats] == [32 * MiB, 32 * MiB]
+    ids = [Admin(shard(workers, i)).call("GET", "/info")["node_id"] for i in range(2)]
+    assert len(set(ids)) == 2  # each its own node in stats and events
+
+
+def test_a_client_spreads_blocks_over_the_shards_and_gets_them_back(workers: Node) -> None:
+    nodes = f"127.0.0.1:{workers.port}-{workers.port + 1}"
+    with ContextStore(nodes, access_key=ACCESS_KEY, secret_key=SECRET_KEY, strict=True,
+                      timeouts=Timeouts(connect=5, read=10, total=30)) as store:
+        ns = store.namespace("shards-" + secrets.token_hex(4), model="test/workers")
+        tokens = list(range(16 * 64))
+        blocks = [os.urandom(32 << 10) for _ in range(64)]
+        assert ns.save(tokens, blocks).stored == 64
+        restored = ns.restore(tokens)
+        assert restored.n_blocks == 64 and [bytes(b) for b in restored.blocks] == blocks
+        held = [Admin(shard(workers, i)).bucket(ns.bucket)["objects"] for i in range(2)]
+        assert sum(held) == 64 and min(held) > 10  # rendezvous hashing spread them
+        assert ns.delete(tokens) == 64
+
+
+def test_s3_tools_work_against_every_shard(workers: Node) -> None:
+    for i in range(2):
+        s3 = make_client(shard(workers, i).endpoint)
+        name = f"s3-shard{i}-" + secrets.token_hex(4)
+        s3.create_bucket(Bucket=name)
+        s3.put_object(Bucket=name, Key="k", Body=b"hello")
+        assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"hello"
+        s3.delete_object(Bucket=name, Key="k")
+        s3.delete_bucket(Bucket=name)
+
+
+def test_a_shard_that_dies_is_started_again(tmp_path: Path) -> None:
+    node = start_workers(tmp_path, 2, "--memory", "32MiB")
+    try:
+        pids = [int(p) for p in subprocess.run(["pgrep", "-P", str(node.proc.pid)], capture_output=True,
+                                                 text=True, check=True).stdout.split()]
+        assert len(pids) == 2
+        os.kill(pids[1], signal.SIGKILL)
+        def both_back() -> bool:
+            alive = subprocess.run(["pgrep", "-P", str(node.proc.pid)], capture_output=True, text=True).stdout
+            return len(alive.split()) == 2 and str(pids[1]) not in alive.split()
+        assert wait_until(both_back, timeout=15)
+        wait_ready(shard(node, 1))
+        wait_ready(shard(node, 0))
+        assert node.proc.poll() is None
+    finally:
+        assert node.stop() == 0
+    for i in range(2):  # the shards went with their parent
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", node.port + i), timeout=1).close()
+
+
+def test_generated_credentials_are_the_same_on_every_shard(tmp_path: Path) -> None:
+    node = start_workers(tmp_path, 2, "--memory", "16MiB", credentials=False)
+    try:
+        assert node.log is not None
+        text = node.log.read_text()
+        access = re.search(r"AWS_ACCESS_KEY_ID=(\S+)", text)
+        secret = re.search(r"AWS_SECRET_ACCESS_KEY=(\S+)", text)
+        assert access and secret and text.count("AWS_ACCESS_KEY_ID=") == 1  # printed once, by the parent
+        assert re.search(rf"2 shards on http://127.0.0.1:{node.port}-{node.port + 1}", text)
+        for i in range(2):
+            s3 = make_client(shard(node, i).endpoint, access.group(1), secret.group(1))
+            assert s3.list_buckets()["Buckets"] == []
+    finally:
+        assert node.stop() == 0
+
+
+def test_shard_settings_divide_the_budget_and_give_each_shard_its_own_names() -> None:
+    settings = Settings().with_values({"port": 9000, "memory": 10 * MiB, "workers": 4, "node_id": "box-7",
+                                       "tenant_reserve_limit": 0, "events_zmq_pub": "tcp://0.0.0.0:5557",
+                                       "events_zmq_replay": ">tcp://collector:5558"})
+    split = [shards.shard_settings(settings, i, 4) for i in range(4)]
+    assert [s["port"] for s in split] == [9000, 9001, 9002, 9003]
+    assert {s["memory"] for s in split} == {10 * MiB // 4}
+    assert "tenant_reserve_limit" not in split[0]  # 0: automatic, a quarter of the shard's own budget
+    assert [s["node_id"] for s in split] == [f"box-7/shard-{i}" for i in range(4)]
+    assert split[3]["events_zmq_pub"] == "tcp://0.0.0.0:5560"  # a bound address: one port per shard
+    assert "events_zmq_replay" not in split[3] or split[3]["events_zmq_replay"] == ">tcp://collector:5558"
+    assert all(s["workers"] == 1 for s in split)
+    # Every name the lists declare is a setting (the flash tier's names join once the table has them).
+    names = set(Settings().as_dict(redact=False))
+    assert set(shards.DIVIDED) | set(shards.SUFFIXED) | set(shards.PORTED) <= names
+    assert shards.shard_argv({"memory": 5, "node_id": "a/shard-1"}) == ["--memory", "5", "--node-id", "a/shard-1"]
+
+
+def test_node_lists_take_port_ranges() -> None:
+    assert [(e.host, e.port) for e in parse_endpoints("10.0.0.5:9000-9002, b:7")] == [
+        ("10.0.0.5", 9000), ("10.0.0.5", 9001), ("10.0.0.5", 9002), ("b", 7)]
+    assert [e.port for e in parse_endpoints("http://[::1]:9000-9001")] == [9000, 9001]
+    for bad in ("a:9001-9000", "a:9000-", "a:1-5000", "a:-9000", "a:9000-9x"):
+        with pytest.raises(ValueError):
+            parse_endpoints(bad)
+
+
+def test_workers_must_be_positive(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "ctxstore_server.serve", "--workers", "0"], capture_output=True,
+                          text=True, timeout=30, env={**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY,
+                                                      "CTXSTORE_SECRET_KEY": SECRET_KEY})
+    assert done.returncode == 2 and "--workers" in done.stderr
+
+
+def test_each_shard_has_its_own_share_of_the_flash_tier(tmp_path: Path) -> None:
+    """``--disk D --disk-size S`` with two workers: shard i keeps its flash tier in ``D/shard-i`` with S/2, and
+    what each shard demotes comes back from its own directory."""
+    disk = tmp_path / "flash"
+    node = start_workers(tmp_path, 2, "--memory", "16MiB", "--disk", str(disk), "--disk-size", "64MiB",
+                         "--disk-segment-size", "4MiB")
+    try:
+        for i in range(2):
+            stats = Admin(shard(node, i)).stats()
+            assert stats["disk_budget"] == 32 * MiB and stats["budget"] == 8 * MiB
+        s3 = [make_client(shard(node, i).endpoint) for i in range(2)]
+        for i, client in enumerate(s3):
+            client.create_bucket(Bucket=f"flash{i}")
+            for k in range(16):  # 16 MiB into 8 MiB of RAM: half of it demoted
+                client.put_object(Bucket=f"flash{i}", Key=f"k{k}", Body=bytes([i, k]) * (MiB // 2))
+        for i, client in enumerate(s3):
+            assert wait_until(lambda: Admin(shard(node, i)).stats()["disk_objects"] >= 8)
+            for k in range(16):
+                assert client.get_object(Bucket=f"flash{i}", Key=f"k{k}")["Body"].read() == bytes([i, k]) * (MiB // 2)
+        assert sorted(p.name for p in disk.iterdir()) == ["shard-0", "shard-1"]
+        assert all(list((disk / f"shard-{i}").glob("seg-*.dat")) for i in range(2))
+    finally:
+        node.stop()
