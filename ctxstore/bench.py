@@ -69,7 +69,7 @@ class Config:
     nodes: str
     namespace: str
     ops: tuple[str, ...] = OPS
-    count: int = 64
+    count: int = 256
     duration: float = 30.0
     concurrency: int = 4
     blocks: int = 16
@@ -409,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", default=None, help="the pod's nodes, as workers give them [env CTXSTORE_NODES]")
     parser.add_argument("--ops", default=",".join(OPS),
                         help=f"operations to run, in this order [default {','.join(OPS)}]")
-    parser.add_argument("--count", type=int, default=64,
-                        help="requests per operation (save: distinct prompts) [default 64]")
+    parser.add_argument("--count", type=int, default=256,
+                        help="requests per operation (save: distinct prompts) [default 256]")
     parser.add_argument("--duration", default="30s", help="time limit per operation [default 30s]")
     parser.add_argument("--concurrency", type=int, default=4, help="requests in flight [default 4]")
     parser.add_argument("--blocks", type=int, default=16, help="blocks per prompt [default 16]")
@@ -512,12 +512,13 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------- display
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
+def fmt_size(n: int) -> str:
+    """64 KiB, 1 MiB, 1.5 MiB: sizes as people write them."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{n} B"
 
 
 def fmt_ms(v: float | None) -> str:
@@ -552,8 +553,8 @@ class Display:
         c = self.config
         nodes = len(parse_endpoints(c.nodes))
         console.print(f"[bold]ctxstore bench[/] → {nodes} node{'' if nodes == 1 else 's'}, namespace "
-                      f"[bold]{c.namespace}[/]: {c.count:,} prompts × {c.blocks} blocks × {fmt_bytes(c.block_size)} "
-                      f"({fmt_bytes(c.count * c.prompt_bytes)}), objects of {fmt_bytes(c.object_size)}; "
+                      f"[bold]{c.namespace}[/]: {c.count:,} prompts × {c.blocks} blocks × {fmt_size(c.block_size)} "
+                      f"({fmt_size(c.count * c.prompt_bytes)}), objects of {fmt_size(c.object_size)}; "
                       f"concurrency {c.concurrency}, at most {c.duration:g} s per operation")
         self._progress = Progress(TextColumn("{task.description:<8}"), BarColumn(bar_width=30),
                                   MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
@@ -595,18 +596,15 @@ class Display:
         c = report["config"]
         table = Table(title=f"ctxstore bench: {len(report['nodes'])} nodes, namespace {c['namespace']}, "
                             f"concurrency {c['concurrency']}", title_justify="left", box=box.SIMPLE_HEAD,
-                      pad_edge=False)
+                      pad_edge=False, collapse_padding=True)
         for name in ("op", "size", "requests", "failed", "s", "req/s", "MB/s", "p50 ms", "p90 ms", "p99 ms",
                      "max ms", "found"):
-            table.add_column(name, justify="left" if name in ("op", "found") else "right")
+            table.add_column(name, justify="left" if name == "op" else "right", no_wrap=True)
         for op in report["operations"]:
-            size = {"save": c["blocks"] * c["block_size"], "restore": c["blocks"] * c["block_size"],
-                    "lookup": None}.get(op["op"], c["object_size"])
-            shape = f"{c['blocks']} × {fmt_bytes(c['block_size'])}" if op["op"] in ("save", "restore", "lookup") \
-                else fmt_bytes(size)
+            shape = f"{c['blocks']}×{fmt_size(c['block_size'])}" if op["op"] in ("save", "restore", "lookup") \
+                else fmt_size(c["object_size"])
             lat = op["latency_ms"]
-            found = "" if op["found_ratio"] is None else \
-                f"{op['found_ratio'] * 100:.1f}% of {op['blocks_asked']:,} blocks"
+            found = "" if op["found_ratio"] is None else f"{op['found_ratio'] * 100:.1f}%"
             table.add_row(op["op"], shape, f"{op['ops']:,}", f"{op['failed']:,}" if op["failed"] else "0",
                           f"{op['seconds']:.2f}", f"{op['ops_per_s'] or 0:,.1f}",
                           f"{(op['bytes_per_s'] or 0) / 1e6:,.1f}" if op["bytes"] else "–",
