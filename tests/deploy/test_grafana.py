@@ -281,3 +281,13 @@ def test_a_real_prometheus_evaluates_every_query(node: Node, tmp_path: Path) -> 
             proc.kill()
             proc.wait()
         log.close()
+
+
+def test_kubernetes_nodes_know_every_replica_as_a_peer() -> None:
+    """The status page's pod view in Kubernetes: each pod's stable name under the headless Service."""
+    docs = {f"{d['kind']}/{d['metadata']['name']}": d for path in (REPO_ROOT / "deploy" / "kubernetes").glob("*.yaml")
+            if path.name != "kustomization.yaml" for d in yaml.safe_load_all(path.read_text()) if d}
+    statefulset = docs["StatefulSet/ctxstore"]
+    headless = statefulset["spec"]["serviceName"]
+    peers = docs["ConfigMap/ctxstore-config"]["data"]["CTXSTORE_PEERS"].split(",")
+    assert peers == [f"ctxstore-{i}.{headless}:9000" for i in range(statefulset["spec"]["replicas"])]
