@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.nodes import ACCESS_KEY, SECRET_KEY, make_client, start_node  # noqa: E402
 
 WORKER = ROOT / "tests" / "integrations" / "lmcache_bulk_worker.py"
+HELPERS = ROOT / "tests" / "integrations" / "lmcache_helpers"  # worker.py: private_hosts
 LAYERS, HEADS, HEAD = 8, 8, 128
 CHUNK = 256  # tokens per LMCache chunk (--chunk-tokens)
 DOMAIN = "localhost"
@@ -94,7 +95,10 @@ def worker(mode: str, config: Path, data: Path, hosts: list[str], rounds: int, l
         proc = subprocess.run([sys.executable, str(WORKER), mode, str(config), str(data), *hosts,
                                "--rounds", str(rounds)], stdout=out, stderr=subprocess.STDOUT, timeout=600,
                               env={**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false",
-                                   "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY})
+                                   "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+                                   # the worker's private /etc/hosts helper (for the S3 connector's names)
+                                   "PYTHONPATH": os.pathsep.join(filter(None, [str(HELPERS),
+                                                                              os.environ.get("PYTHONPATH")]))})
     text = log.read_text()
     if proc.returncode:
         raise SystemExit(f"{mode} failed ({proc.returncode}):\n{text[-4000:]}")
@@ -191,7 +195,7 @@ def plot(rows: dict, path: str) -> None:
     data = [[t * 1e3 for t in rows[k]] for k in ("s3_total_s", "bulk_total_s", "client_alone_s")]
     ax.boxplot(data, tick_labels=labels, orientation="horizontal")
     ax.set_xlim(left=0)
-    ax.set_xlabel(f"ms per lookup + retrieve of {mib:.0f} MiB ({len(data[0])} rounds each)")
+    ax.set_xlabel(f"ms per lookup + retrieve of {mib:.0f} MiB, {len(data[0])} rounds per backend")
     fig.suptitle(f"LMCache retrieve from ctxstore: {rows['chunks']} chunks x {rows['chunk_bytes'] >> 20} MiB",
                  fontsize=11)
     fig.tight_layout()
