@@ -236,18 +236,33 @@ class AsyncContextStore:
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
         present block from eviction for that many seconds (a restore is about to follow)."""
-        sizes = [wire.ABSENT] * len(keys)
+        return [wire.ABSENT if f is None else f[0] for f in await self.locate_keys(bucket, keys, pin=pin)]
+
+    async def locate_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0
+                          ) -> list[tuple[int, str] | None]:
+        """Per key its block's (size, tier), the tier being ``"ram"`` or ``"disk"`` (a node's flash tier), or
+        None where missing or its node failed. A node too old to name tiers answers ``"ram"``. ``pin`` as for
+        :meth:`lookup_keys`."""
+        found: list[tuple[int, str] | None] = [None] * len(keys)
 
         async def one(node: Node, idx: list[int]) -> None:
             head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
             result = await self._exchange(node, bucket, "lookup", head,
                                           lambda r: wire.decode_lookup_response(_head(r, "lookup", len(idx)), len(idx)))
-            if result is not None:
-                for i, size in zip(idx, result.sizes, strict=True):
-                    sizes[i] = size
+            if result is None:
+                return
+            tiers = result.tiers or [wire.TIER_RAM] * len(idx)
+            for i, size, code in zip(idx, result.sizes, tiers, strict=True):
+                if size != wire.ABSENT:
+                    found[i] = (size, wire.TIER_NAMES.get(code, "ram"))
 
         await self._fan_out(one, keys)
-        return sizes
+        return found
+
+    async def prefetch_keys(self, bucket: str, keys: Sequence[str]) -> int:
+        """Ask the nodes to bring these keys' flash-resident blocks into RAM (a restore of them follows); the
+        nodes answer at once. Returns how many blocks they will read from flash."""
+        return await self.keys_op(bucket, "prefetch", keys)
 
     async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                        pin: float = 0.0) -> list[Target | None]:
@@ -397,6 +412,23 @@ class AsyncNamespace:
         n = wire.prefix_length(sizes)
         self.store.metrics.count("hits", n)
         self.store.metrics.count("misses", len(keys) - n)
+        return n
+
+    async def locate(self, tokens: Sequence[int]) -> list[str | None]:
+        """Per full block of ``tokens``: ``"ram"``, ``"disk"`` (a node's flash tier) or None where absent, so
+        a router can tell a RAM hit from a flash hit."""
+        return [None if f is None else f[1] for f in await self.store.locate_keys(self.bucket, self.block_hashes(tokens))]
+
+    async def prefetch(self, tokens: Sequence[int]) -> int:
+        """Ask the nodes to promote the longest cached prefix of ``tokens`` from flash into RAM ahead of a
+        restore; returns at once (after one lookup and one prefetch round trip) the number of leading blocks
+        cached in either tier. The promotion runs in the nodes' background."""
+        keys = self.block_hashes(tokens)
+        found = await self.store.locate_keys(self.bucket, keys)
+        n = next((i for i, f in enumerate(found) if f is None), len(found))
+        on_disk = [k for k, f in zip(keys[:n], found[:n]) if f is not None and f[1] == "disk"]
+        if on_disk:
+            await self.store.prefetch_keys(self.bucket, on_disk)
         return n
 
     async def restore(self, tokens: Sequence[int], out: Any = None, *, pin: float = 0.0) -> RestoreResult:

@@ -72,6 +72,12 @@ class ContextStore:
     def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         return self._loop.run(self._async.lookup_keys(bucket, keys, pin=pin))
 
+    def locate_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[tuple[int, str] | None]:
+        return self._loop.run(self._async.locate_keys(bucket, keys, pin=pin))
+
+    def prefetch_keys(self, bucket: str, keys: Sequence[str]) -> int:
+        return self._loop.run(self._async.prefetch_keys(bucket, keys))
+
     def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                  pin: float = 0.0) -> list[Target | None]:
         return self._loop.run(self._async.get_keys(bucket, keys, destinations, pin=pin))
@@ -114,6 +120,12 @@ class Namespace:
 
     def lookup(self, tokens: Sequence[int]) -> int:
         return self._loop.run(self._ns.lookup(tokens))
+
+    def locate(self, tokens: Sequence[int]) -> list[str | None]:
+        return self._loop.run(self._ns.locate(tokens))
+
+    def prefetch(self, tokens: Sequence[int]) -> int:
+        return self._loop.run(self._ns.prefetch(tokens))
 
     def restore(self, tokens: Sequence[int], out: Any = None, *, pin: float = 0.0) -> RestoreResult:
         return self._loop.run(self._ns.restore(tokens, out, pin=pin))

@@ -22,21 +22,25 @@ touch      ``{v, keys: [str], ttl: float|None}``                                
 pin        ``{v, keys: [str], seconds: float}``                                    none
 unpin      ``{v, keys: [str]}``                                                    none
 delete     ``{v, keys: [str]}``                                                    none
+prefetch   ``{v, keys: [str]}`` — promote these blocks from the flash tier into    none
+           RAM in the background (a restore of them follows)
 =========  ======================================================================  ==========
 
 Responses (status 200):
 
 =========  ======================================================================  ==========
-lookup     ``{v, prefix: int, sizes: [int]}`` — size −1 where absent; ``prefix`` =   none
-           number of leading keys present
+lookup     ``{v, prefix: int, sizes: [int], tiers: [int]}`` — size −1 where absent;  none
+           ``prefix`` = number of leading keys present; ``tiers``: 0 absent, 1 RAM,
+           2 the flash tier (nodes before the flash tier send no ``tiers``)
 get        ``{v, sizes: [int], xxh3: [int], expires: [float]}`` — size −1 where      present blocks,
            absent                                                                  in key order
 put        ``{v, results: [str]}`` — ``stored`` / ``exists`` / ``rejected``          none
            per key, plus ``errors: {str(index): message}`` for rejected ones
            (string keys: heads are decoded with ``strict_map_key``)
-touch/pin  ``{v, count: int}`` — keys that were live                               none
-/unpin/
-delete
+touch/pin  ``{v, count: int}`` — keys that were live (prefetch: blocks it will read  none
+/unpin/    from flash; it answers at once)
+delete/
+prefetch
 =========  ======================================================================  ==========
 
 Errors: a non-200 status with head ``{v, error: <code>, message: str}``; codes are listed in
@@ -56,7 +60,10 @@ import msgpack
 VERSION = 1
 PREFIX = "/_ctx/v1/bulk"
 CONTENT_TYPE = "application/vnd.msgpack"  # of every bulk request and response body
-OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete")
+OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete", "prefetch")
+# Where a block lives, as lookup answers it: absent, RAM, or the flash tier.
+TIER_ABSENT, TIER_RAM, TIER_DISK = 0, 1, 2
+TIER_NAMES = {TIER_RAM: "ram", TIER_DISK: "disk"}
 HEAD_LEN = struct.Struct(">I")
 MAX_HEAD_BYTES = 16 << 20  # a head bigger than this is malformed whatever the key limits say
 ABSENT = -1
@@ -120,9 +127,10 @@ class HeadSchema:
 _REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "lookup": ("keys", "pin"), "get": ("keys", "pin"), "put": ("keys", "sizes", "xxh3", "ttl", "if_absent"),
     "touch": ("keys", "ttl"), "pin": ("keys", "seconds"), "unpin": ("keys",), "delete": ("keys",),
+    "prefetch": ("keys",),
 }
 _ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
-    "lookup": ("prefix", "sizes"), "get": ("sizes", "xxh3", "expires"), "put": ("results", "errors"),
+    "lookup": ("prefix", "sizes", "tiers"), "get": ("sizes", "xxh3", "expires"), "put": ("results", "errors"),
     "count": ("count",), "error": ("error", "message"),
 }
 MAX_MESSAGE_BYTES = 64 << 10  # of an error message or a rejected block's reason
@@ -310,6 +318,7 @@ def decode_put_request(head: dict[str, Any], max_keys: int, max_bytes: int) -> P
 class LookupResponse:
     prefix: int
     sizes: list[int]  # ABSENT where missing
+    tiers: list[int] | None = None  # TIER_* per key; None from a node that does not say
 
 
 @dataclass
@@ -341,12 +350,18 @@ class ErrorResponse:
 
 
 def encode_lookup_response(r: LookupResponse) -> bytes:
-    return pack_head({"prefix": r.prefix, "sizes": r.sizes})
+    head: dict[str, Any] = {"prefix": r.prefix, "sizes": r.sizes}
+    if r.tiers is not None:
+        head["tiers"] = r.tiers
+    return pack_head(head)
 
 
 def decode_lookup_response(head: dict[str, Any], n_keys: int) -> LookupResponse:
     sizes = _ints(head, "sizes", n_keys, ABSENT, 1 << 62)
-    return LookupResponse(_count(head, "prefix", n_keys), sizes)
+    tiers = _ints(head, "tiers", n_keys, TIER_ABSENT, TIER_DISK) if "tiers" in head else None
+    if tiers is not None and any((t == TIER_ABSENT) != (s == ABSENT) for s, t in zip(sizes, tiers)):
+        raise WireError("'tiers' and 'sizes' disagree on which keys are present")
+    return LookupResponse(_count(head, "prefix", n_keys), sizes, tiers)
 
 
 def encode_get_head(r: GetResponse) -> bytes:

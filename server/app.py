@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from functools import partial
 
@@ -41,6 +42,7 @@ RESERVED_PREFIX = "/_ctx/"
 BULK_PREFIX = wire.PREFIX + "/"
 HOUSEKEEPING_INTERVAL = 0.25  # seconds between bounded reaping passes
 HOUSEKEEPING_BATCH = 5000  # expired objects dropped per pass at most
+DISK_HOUSEKEEPING_EVERY = 4  # passes between the flash tier's (bounded) housekeeping: about once a second
 _JSON = ("content-type", "application/json")
 
 
@@ -99,7 +101,15 @@ class App:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                try:
+                    # The flash tier's index is rebuilt before the port opens: ready means it serves what it holds.
+                    await self.engine.open()
+                except Exception as exc:
+                    log.exception("the flash tier could not be opened")
+                    await send({"type": "lifespan.startup.failed", "message": f"flash tier: {exc}"})
+                    return
                 await self.events.start()
+                self.engine.announce_recovered()  # after AllBlocksCleared: what this process holds again
                 self._housekeeper = asyncio.create_task(self._housekeeping())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -108,22 +118,38 @@ class App:
                     self._housekeeper.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._housekeeper
+                try:
+                    # What waits for flash is written, then what only RAM holds (bounded by the drain timeout),
+                    # so a restart comes back with it; the segments are sealed.
+                    spilled = await self.engine.close(spill_seconds=self.node.settings.drain_timeout)
+                    if spilled:
+                        log.info("flash tier: %d blocks written from RAM at shutdown", spilled)
+                except Exception:
+                    log.exception("closing the flash tier failed")
                 await self.events.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def _housekeeping(self) -> None:
-        """Reclaim expired objects and stale uploads in bounded passes."""
+        """Reclaim expired objects and stale uploads in bounded passes; the flash tier's work once a second."""
+        passes = 0
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            passes += 1
             try:
                 self.node.engine.reap(HOUSEKEEPING_BATCH)
+                if passes % DISK_HOUSEKEEPING_EVERY == 0:
+                    await self.node.engine.housekeep_disk()
             except Exception:  # never let housekeeping die silently
                 log.exception("housekeeping pass failed")
 
 
 async def health(node: NodeState, ready: bool, head: bool, send: Send) -> None:
-    """Liveness always answers 200; readiness answers 503 once the node is draining."""
+    """Liveness always answers 200; readiness answers 503 once the node is draining. A flash tier that stopped
+    writing (device full or failing) is a detail, not unreadiness: RAM still serves."""
     ok = not ready or not node.draining
-    body = b'{"status":"ok"}' if ok else b'{"status":"draining"}'
-    await send_response(send, 200 if ok else 503, [_JSON], body, head=head)
+    answer: dict[str, str] = {"status": "ok" if ok else "draining"}
+    degraded = node.engine.disk_degraded
+    if degraded is not None:
+        answer["disk"] = f"degraded: {degraded}"
+    await send_response(send, 200 if ok else 503, [_JSON], json.dumps(answer, separators=(",", ":")).encode(), head=head)

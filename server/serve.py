@@ -228,12 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     ensure_admin_token(settings)
     if bool(settings.tls_cert) != bool(settings.tls_key):
         parser.error("--tls-cert and --tls-key go together")
+    if bool(settings.disk) != bool(settings.disk_size):
+        parser.error("--disk and --disk-size go together: the flash tier's directory and its byte budget")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     allocator.tune()
-    app = App(settings, tenants)
+    try:
+        app = App(settings, tenants)
+    except ValueError as exc:  # e.g. a flash tier too small for its segments
+        parser.error(str(exc))
     scheme = "https" if settings.tls_cert else "http"
     base = f"{scheme}://{settings.host}:{settings.port}"
-    print(f"ctxstore: serving S3 on {base} (budget {_size(settings.memory)}, default TTL "
+    disk = f", flash tier {settings.disk} ({_size(settings.disk_size)})" if settings.disk else ""
+    print(f"ctxstore: serving S3 on {base} (budget {_size(settings.memory)}{disk}, default TTL "
           f"{settings.default_ttl:g} s)", flush=True)
     print(f"  e.g. aws --endpoint-url {base} s3 ls", flush=True)
     if settings.admin_token:

@@ -99,6 +99,27 @@ class Settings:
                 "TCP port for S3 (and the other APIs under reserved prefixes).")
     memory: int = setting(1 << 30, SIZE, "CTXSTORE_MEMORY",
                 "Byte budget for stored objects, multipart parts and uploads in flight (e.g. 4GiB).", mutable=True)
+    disk: str = setting("", STR, "CTXSTORE_DISK",
+                "Directory of the flash tier (an NVMe file system). RAM's eviction victims are demoted to it and read "
+                "back verified; it survives a restart (docs/flash.md). Empty: RAM only.")
+    disk_size: int = setting(0, SIZE, "CTXSTORE_DISK_SIZE",
+                "Byte budget of the flash tier's files (e.g. 400GiB); required with --disk and never exceeded.")
+    disk_reset: bool = setting(False, BOOL, "CTXSTORE_DISK_RESET",
+                "Start with an empty flash tier: delete what --disk holds instead of recovering it.")
+    disk_segment_size: int = setting(64 << 20, SIZE, "CTXSTORE_DISK_SEGMENT_SIZE",
+                "Size of one flash segment file; an object larger than this (less 16 KiB) is never demoted.")
+    disk_min_ttl: float = setting(5.0, DURATION, "CTXSTORE_DISK_MIN_TTL",
+                "A RAM victim with less life left than this is dropped rather than demoted.")
+    disk_promote: bool = setting(True, BOOL, "CTXSTORE_DISK_PROMOTE",
+                "A read served from flash copies the block back into RAM (it stays on flash too).")
+    disk_direct_size: int = setting(0, SIZE, "CTXSTORE_DISK_DIRECT_SIZE",
+                "Objects at least this large go to flash right after their write instead of waiting in RAM for "
+                "eviction. 0: off.")
+    disk_queue: int = setting(0, SIZE, "CTXSTORE_DISK_QUEUE",
+                "Bytes of demoted blocks waiting for their flash write (held outside --memory); a victim that finds "
+                "the queue full is dropped. 0: --memory/16, between 8 MiB and 256 MiB.")
+    disk_readers: int = setting(4, INT, "CTXSTORE_DISK_READERS",
+                "Threads reading the flash tier (reads never block the event loop).")
     default_ttl: float = setting(3600.0, DURATION, "CTXSTORE_DEFAULT_TTL",
                 "TTL when neither the request nor the bucket sets one.", mutable=True)
     max_ttl: float = setting(7 * 86400.0, DURATION, "CTXSTORE_MAX_TTL",
@@ -171,6 +192,8 @@ class Settings:
     events_medium: str = setting("CTXSTORE", STR, "CTXSTORE_EVENTS_MEDIUM",
                 "`medium` of every event (stream frames, ZMQ BlockStored/BlockRemoved). Dynamo reads CPU_PINNED, "
                 "DISK and EXTERNAL as its tiers and anything else as GPU.")
+    events_disk_medium: str = setting("DISK", STR, "CTXSTORE_EVENTS_DISK_MEDIUM",
+                "`medium` of the events of blocks the flash tier holds (demoted, or recovered after a restart).")
     events_zmq_pub: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_PUB",
                 "Bind a ZMQ PUB socket here publishing vLLM-format KV event batches, e.g. tcp://127.0.0.1:5557 "
                 "(a leading `>` connects instead). Empty: off.")

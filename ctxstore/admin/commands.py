@@ -85,11 +85,43 @@ def cmd_stats(ctx: Context) -> int:
         table.add_section()
         row("total", f"{p['nodes_up']}/{p['nodes_total']}", p["total"], style="bold")
         console.print(table)
+        if p["total"].get("disk_budget"):
+            console.print(_flash_table(p))
         _print_problems(console, p["nodes"])
 
     _emit(ctx, payload, render)
     _fail_all(ctx, "stats", payload["nodes"])
     return exit_code(payload["nodes"], ctx.strict)
+
+
+def _flash_table(p: dict[str, Any]) -> Any:
+    """The flash tier of each node (shown when any node has one): space, blocks, the share of hits it served,
+    what moved between the tiers, and what its device did."""
+    from rich.markup import escape
+
+    table = _table("flash tier")
+    columns = ("node", "used", "budget", "use", "objects", "flash hits", "of hits", "demoted", "promoted",
+               "prefetched", "read", "written", "evicted", "corrupt", "state")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("node", "state") else "right", no_wrap=True)
+
+    def row(name: str, s: dict[str, Any] | None, style: str | None = None) -> None:
+        if s is None or not s.get("disk_budget"):
+            table.add_row(name, *["–"] * (len(columns) - 2), "–" if s is None else "no tier", style=style)
+            return
+        use = fmt_ratio(s["disk_used"] / s["disk_budget"])
+        share = fmt_ratio(s["disk_hits"] / s["hits"]) if s["hits"] else "–"
+        state = "degraded" if s["disk_degraded"] else "ok"
+        table.add_row(name, fmt_bytes(s["disk_used"]), fmt_bytes(s["disk_budget"]), use, fmt_int(s["disk_objects"]),
+                      fmt_int(s["disk_hits"]), share, fmt_int(s["demotions"]), fmt_int(s["promotions"]),
+                      fmt_int(s["prefetches"]), fmt_bytes(s["disk_bytes_read"]), fmt_bytes(s["disk_bytes_written"]),
+                      fmt_int(s["disk_evictions"]), fmt_int(s["disk_corrupt"]), state, style=style)
+
+    for n in p["nodes"]:
+        row(escape(n["node"]), n["stats"])
+    table.add_section()
+    row("total", p["total"], style="bold")
+    return table
 
 
 def cmd_buckets(ctx: Context) -> int:

@@ -6,6 +6,8 @@ dependency documents it in the OpenAPI schema and guards a route mounted elsewhe
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from typing import Annotated, Any
 
@@ -82,11 +84,11 @@ def delete_tenant(node: Node, access_key: str) -> dict[str, Any]:
     return tenant_keys.delete_tenant_key(node, access_key)
 
 
-def flush(node: Node, body: FlushRequest) -> dict[str, Any]:
+async def flush(node: Node, body: FlushRequest) -> dict[str, Any]:
     """Delete (or expire) every key of a bucket, or every key under a prefix."""
     if body.mode == "expire":
-        return {"expired": node.engine.expire_now(body.bucket, body.prefix)}
-    return {"flushed": node.engine.flush(body.bucket, body.prefix)}
+        return {"expired": await node.engine.expire_now(body.bucket, body.prefix)}
+    return {"flushed": await node.engine.flush(body.bucket, body.prefix)}
 
 
 def get_settings(node: Node) -> dict[str, Any]:
@@ -150,9 +152,23 @@ ROUTES: tuple[tuple[str, str, Callable[..., object], int], ...] = (
 )
 
 
+def on_the_loop(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    """FastAPI runs a plain ``def`` endpoint in a worker thread; the engine is single-threaded (every call is
+    atomic only on the event loop), so each route runs on the loop instead, as a coroutine of the same
+    signature."""
+    if inspect.iscoroutinefunction(endpoint):
+        return endpoint
+
+    @functools.wraps(endpoint)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        return endpoint(*args, **kwargs)
+
+    return run
+
+
 def register(app: FastAPI) -> None:
     """Add every route of :data:`ROUTES` (token required) and the status page (public: it holds no data)."""
     for method, path, endpoint, status_code in ROUTES:
-        app.add_api_route(ADMIN_PREFIX + path, endpoint, methods=[method], status_code=status_code,
+        app.add_api_route(ADMIN_PREFIX + path, on_the_loop(endpoint), methods=[method], status_code=status_code,
                           dependencies=[Depends(require_token)])
     app.add_api_route(ADMIN_PREFIX + "/status", status_page, methods=["GET"], include_in_schema=False)

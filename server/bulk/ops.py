@@ -1,7 +1,8 @@
-"""The bulk operations whose requests are a head only: lookup, get, touch, pin, unpin, delete.
+"""The bulk operations whose requests are a head only: lookup, get, touch, pin, unpin, delete, prefetch.
 
 ``get`` answers with the stored buffers themselves after its head (no copy, no join), holding references to
-the objects so an eviction during the send cannot change what goes out."""
+the objects so an eviction during the send cannot change what goes out; blocks of the flash tier are read
+(verified) before the answer starts."""
 
 from __future__ import annotations
 
@@ -22,16 +23,19 @@ def frame_reply(frame: bytes, payloads: Sequence[bytes | bytearray | memoryview]
 async def lookup(call: BulkCall) -> Reply:
     """Per-key sizes and the present prefix; ``pin`` pins every present block, not only the prefix."""
     request = await call.keys_request("lookup")
-    objects = call.engine.lookup(call.tenant, call.bucket, request.keys)
-    sizes = [wire.ABSENT if obj is None else obj.size for obj in objects]
-    _pin_present(call, request, objects)
-    return frame_reply(wire.encode_lookup_response(wire.LookupResponse(wire.prefix_length(sizes), sizes)))
+    found = call.engine.locate(call.tenant, call.bucket, request.keys)
+    sizes = [wire.ABSENT if f is None else f[1] for f in found]
+    tiers = [wire.TIER_ABSENT if f is None else (wire.TIER_RAM if f[0] == "ram" else wire.TIER_DISK) for f in found]
+    if request.pin:
+        keys = [key for key, f in zip(request.keys, found, strict=True) if f is not None]
+        call.engine.pin(call.tenant, call.bucket, keys, request.pin)
+    return frame_reply(wire.encode_lookup_response(wire.LookupResponse(wire.prefix_length(sizes), sizes, tiers)))
 
 
 async def get(call: BulkCall) -> Reply:
     """Sizes, checksums and expiries, then the present payloads in key order (the stored buffers)."""
     request = await call.keys_request("get")
-    objects = call.engine.lookup(call.tenant, call.bucket, request.keys)
+    objects = await call.engine.fetch_many(call.tenant, call.bucket, request.keys)
     _pin_present(call, request, objects)
     present = [obj for obj in objects if obj is not None]
     head = wire.GetResponse(
@@ -78,3 +82,9 @@ async def unpin(call: BulkCall) -> Reply:
 async def delete(call: BulkCall) -> Reply:
     request = await call.keys_request("delete")
     return _count(sum(call.engine.delete(call.tenant, call.bucket, key) for key in request.keys))
+
+
+async def prefetch(call: BulkCall) -> Reply:
+    """Start promoting the keys' flash-resident blocks into RAM; answers at once how many it will read."""
+    request = await call.keys_request("prefetch")
+    return _count(call.engine.prefetch(call.tenant, call.bucket, request.keys)["disk"])

@@ -84,11 +84,7 @@ def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
 
 
 def _live(call: BulkCall, key: str) -> bool:
-    try:
-        call.engine.get(call.tenant, call.bucket, key, record=False)
-    except storage.NoSuchKey:
-        return False
-    return True
+    return call.engine.exists(call.tenant, call.bucket, key)
 
 
 def _commit(call: BulkCall, request: wire.PutRequest, blocks: list[Block]) -> wire.PutResponse:

@@ -26,6 +26,7 @@ log = logging.getLogger("ctxstore.bulk")
 Operation = Callable[[BulkCall], Awaitable[Reply]]
 OPERATIONS: dict[str, Operation] = {
     "lookup": ops.lookup, "get": ops.get, "put": put, "touch": ops.touch, "pin": ops.pin, "unpin": ops.unpin,
+    "prefetch": ops.prefetch,
     "delete": ops.delete,
 }
 if set(OPERATIONS) != set(wire.OPS):

@@ -1,4 +1,5 @@
-"""The storage engine of a node: buckets, objects, byte budget, TTLs, pins and multipart uploads.
+"""The storage engine of a node: buckets, objects, byte budget, TTLs, pins, multipart uploads and the flash tier
+below RAM.
 
 No HTTP here (a test checks). The protocol layers, the admin API, events and metrics use what this package
 exports: the :class:`Engine` facade, its configuration, the records it hands out and its typed errors.
@@ -9,11 +10,25 @@ from .budget import Reservation
 from .config import EngineConfig
 from .engine import Engine
 from .errors import Kind, StorageError
-from .objects import BUCKET_OVERHEAD, OBJECT_OVERHEAD, PART_OVERHEAD, UPLOAD_OVERHEAD, Bucket, Completion, BucketStats, Part, Payload, StoredObject, Upload, etag_matches
+from .objects import (
+    BUCKET_OVERHEAD,
+    OBJECT_OVERHEAD,
+    PART_OVERHEAD,
+    UPLOAD_OVERHEAD,
+    Bucket,
+    BucketStats,
+    Completion,
+    Part,
+    Payload,
+    StoredObject,
+    Upload,
+    etag_matches,
+)
 from .store import REMOVAL_REASONS
+from .tier import DISK, RAM, BlockRef
 
 __all__ = [
-    "BUCKET_OVERHEAD", "OBJECT_OVERHEAD", "PART_OVERHEAD", "REMOVAL_REASONS", "UPLOAD_OVERHEAD", "Bucket",
-    "BucketStats", "Completion", "Engine", "EngineConfig", "Kind", "Part",
+    "BUCKET_OVERHEAD", "DISK", "OBJECT_OVERHEAD", "PART_OVERHEAD", "RAM", "REMOVAL_REASONS", "UPLOAD_OVERHEAD",
+    "BlockRef", "Bucket", "BucketStats", "Completion", "Engine", "EngineConfig", "Kind", "Part",
     "Payload", "Reservation", "StorageError", "StoredObject", "Upload", "errors", "etag_matches",
 ]

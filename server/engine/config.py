@@ -30,6 +30,16 @@ class EngineConfig:
     upload_overhead: int = UPLOAD_OVERHEAD
     part_overhead: int = PART_OVERHEAD
     max_pinned_scan: int = 10000  # pinned objects one write may step over before it gives up
+    # The flash tier (docs/flash.md); no directory: RAM only.
+    disk_path: str = _DEFAULTS.disk
+    disk_size: int = _DEFAULTS.disk_size
+    disk_reset: bool = _DEFAULTS.disk_reset
+    disk_segment_size: int = _DEFAULTS.disk_segment_size
+    disk_min_ttl: float = _DEFAULTS.disk_min_ttl
+    disk_promote: bool = _DEFAULTS.disk_promote
+    disk_direct_size: int = _DEFAULTS.disk_direct_size
+    disk_queue: int = _DEFAULTS.disk_queue
+    disk_readers: int = _DEFAULTS.disk_readers
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineConfig:
@@ -44,4 +54,13 @@ class EngineConfig:
             max_buckets_per_tenant=settings.max_buckets_per_tenant,
             max_uploads_per_tenant=settings.max_uploads_per_tenant,
             tenant_reserve_limit=settings.tenant_reserve_limit,
+            disk_path=settings.disk,
+            disk_size=settings.disk_size,
+            disk_reset=settings.disk_reset,
+            disk_segment_size=settings.disk_segment_size,
+            disk_min_ttl=settings.disk_min_ttl,
+            disk_promote=settings.disk_promote,
+            disk_direct_size=settings.disk_direct_size,
+            disk_queue=settings.disk_queue,
+            disk_readers=settings.disk_readers,
         )

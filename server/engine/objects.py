@@ -10,8 +10,8 @@ from typing import Union
 from sortedcontainers import SortedDict
 
 # A payload as stored: written once when the upload completes, never mutated afterwards, so readers may send
-# memoryview slices of it without copying.
-Payload = Union[bytes, bytearray]
+# memoryview slices of it without copying. A block read back from flash is a view of the read's buffer.
+Payload = Union[bytes, bytearray, memoryview]
 
 # Fixed bytes charged per object on top of its payload, key and metadata: the Python objects that hold it
 # (the record with its slots, the sorted-index and LRU entries, the expiry-heap tuple). Measured with
@@ -30,7 +30,7 @@ class StoredObject:
     __slots__ = (
         "bucket", "key", "data", "size", "etag", "xxh3", "created", "ttl", "expires_at", "pinned_until",
         "content_type", "headers", "user_meta", "checksums", "parts_count", "charge", "live", "tick", "tenant",
-        "readers",
+        "readers", "on_disk", "transient",
     )
 
     def __init__(
@@ -70,6 +70,8 @@ class StoredObject:
         self.live = True  # False once removed: stale heap entries and lingering readers check it
         self.readers = 0  # responses sending this payload now: a removed object stays charged until they end
         self.tick = 0  # engine-wide access counter at the last write or read: compares recency across buckets
+        self.on_disk = False  # the flash tier holds these very bytes (read back from it, unchanged since)
+        self.transient = False  # read from flash and not (yet) in RAM's tables: charged only while being sent
 
     def expired(self, now: float) -> bool:
         return self.expires_at <= now

@@ -4,6 +4,7 @@ limits. Operators act across tenants, so buckets are named without a tenant chec
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from . import errors
@@ -22,6 +23,7 @@ class Operator:
         self.budget = budget
         self.store = store
         self.multipart = multipart
+        self.tier_stats: Callable[[], dict[str, Any]] | None = None  # the flash tier's, when there is one
         self.removed_stats = BucketStats()  # counters of deleted buckets, so global totals never go back
 
     def forget_bucket(self, bucket: Bucket) -> None:
@@ -101,10 +103,13 @@ class Operator:
 
     def disk_stats(self) -> dict[str, Any]:
         """The flash tier's levels and counters (all zero without one)."""
+        if self.tier_stats is not None:
+            return self.tier_stats()
         return {"disk_budget": 0, "disk_used": 0, "disk_objects": 0, "disk_bytes": 0, "disk_segments": 0,
                 "disk_queued_bytes": 0, "disk_index_bytes": 0, "disk_degraded": 0, "prefetches": 0,
                 "disk_bytes_read": 0, "disk_bytes_written": 0, "disk_evictions": 0, "disk_expirations": 0,
-                "disk_corrupt": 0, "disk_compactions": 0}
+                "disk_corrupt": 0, "disk_compactions": 0, "disk_degraded_reason": None, "disk_recovery": None,
+                "disk_buckets": {}}
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Global counters and per-bucket counters (with hit ratios); ``reset`` zeroes counters after reading."""
@@ -113,8 +118,11 @@ class Operator:
         add_counters(total, self.removed_stats)
         for level in BucketStats.LEVELS:
             setattr(total, level, 0)
+        disk = self.disk_stats()
+        on_disk: dict[str, tuple[int, int]] = disk.pop("disk_buckets")
         per_bucket = {}
         for bucket in self.store.buckets.values():
+            bucket.stats.disk_objects, bucket.stats.disk_bytes = on_disk.get(bucket.name, (0, 0))
             add_counters(total, bucket.stats)
             per_bucket[bucket.name] = {**bucket.stats.as_dict(), "hit_ratio": _ratio(bucket.stats)}
         budget = self.budget
@@ -129,7 +137,7 @@ class Operator:
             "state_bytes": budget.state,
             "sending_bytes": budget.sending,
             "uploads": len(self.multipart.uploads),
-            **self.disk_stats(),
+            **disk,
             "buckets": per_bucket,
         }
         if reset:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import MappingProxyType
+from typing import Protocol
 
 import xxhash
 
@@ -33,7 +34,20 @@ NODE_STATE = ""  # the "tenant" the buckets' own records are charged to: the nod
 _EMPTY: dict[str, str] = MappingProxyType({})  # type: ignore[assignment]
 
 # Why an object left the store; also the `reason` of a removal event.
-REMOVAL_REASONS = ("evicted", "expired", "deleted", "flushed", "replaced")
+# ``demoted``: it moved to the flash tier (a change of medium; the tier announces it once the write lands).
+REMOVAL_REASONS = ("evicted", "expired", "deleted", "flushed", "replaced", "demoted")
+
+class LowerTier(Protocol):
+    """The tier below RAM (the flash tier, :mod:`.tier`), as the RAM store uses it."""
+
+    def demote(self, obj: StoredObject) -> bool: ...
+    def queued_object(self, bucket: str, key: str) -> StoredObject | None: ...
+    def holds(self, bucket: str, key: str) -> bool: ...
+    def forget(self, bucket: Bucket, keys: Iterable[str], reason: str | None) -> int: ...
+    def drop_bucket(self, name: str) -> int: ...
+    def live_blocks(self, name: str) -> int: ...
+    def touch(self, bucket: str, keys: Sequence[str], expires_at: float) -> int: ...
+
 
 StoreListener = Callable[[StoredObject], None]
 RemovalListener = Callable[[StoredObject, str], None]
@@ -60,6 +74,7 @@ class ObjectStore:
         self.count: dict[str, int] = {_NODE: 0}  # live objects per scope (_NODE or a tenant)
         self.on_store: list[StoreListener] = []
         self.on_remove: list[RemovalListener] = []
+        self.lower: LowerTier | None = None  # the flash tier, when the node has one
 
     # ------------------------------------------------------------------ buckets
 
@@ -104,10 +119,13 @@ class ObjectStore:
         """Delete an empty bucket (expired objects are dropped with it); returns it for its counters."""
         bucket = self.bucket(tenant, name)
         now = self.clock()
-        if any(not obj.expired(now) for obj in bucket.objects.values()):
+        if any(not obj.expired(now) for obj in bucket.objects.values()) or (
+                self.lower is not None and self.lower.live_blocks(name)):
             raise errors.BucketNotEmpty(bucket=name)
         for obj in list(bucket.objects.values()):
             self._remove(obj, "expired")
+        if self.lower is not None:
+            self.lower.drop_bucket(name)  # expired blocks may linger there; a re-created bucket must not see them
         del self.buckets[name]
         self.budget.charge(NODE_STATE, -bucket.charge, "state")
         return bucket
@@ -215,7 +233,8 @@ class ObjectStore:
                 if stepped_over > limit:
                     raise errors.InsufficientCapacity("everything left to evict is pinned")
                 continue
-            self._remove(victim, "evicted")
+            lower = self.lower
+            self._remove(victim, "demoted" if lower is not None and lower.demote(victim) else "evicted")
 
     def _count(self, scope: Scope) -> int:
         if isinstance(scope, Bucket):
@@ -343,6 +362,8 @@ class ObjectStore:
         old = bucket.objects.get(key)  # an expired one may have been reaped to make room
         if old is not None:
             self._remove(old, "replaced" if old is live_old else "expired")
+        if self.lower is not None:  # an older version on flash is superseded (announced before the new one)
+            self.lower.forget(bucket, (key,), "replaced")
         self._insert(bucket, obj)
         bucket.stats.puts += 1
         bucket.stats.bytes_in += obj.size
@@ -375,6 +396,15 @@ class ObjectStore:
         current = bucket.objects.get(key)
         if current is not None and current.expired(now):
             current = None
+        if current is None and self.lower is not None and (if_none_match or if_match is not None):
+            current = self.lower.queued_object(bucket.name, key)
+            if current is None and self.lower.holds(bucket.name, key):
+                if if_none_match is True:
+                    raise errors.PreconditionFailed("the key already exists", bucket=bucket.name, key=key)
+                # Its ETag is on flash: the protocol layer reads it into RAM first (Engine.resident); if RAM
+                # had no room for it, the client retries.
+                raise errors.InsufficientCapacity("the object's ETag is on flash; retry", bucket=bucket.name,
+                                                  key=key)
         if if_none_match and current is not None and (
                 if_none_match is True or etag_matches(str(if_none_match), current.etag)):
             raise errors.PreconditionFailed("the key already exists", bucket=bucket.name, key=key)
@@ -398,6 +428,34 @@ class ObjectStore:
         bucket.stats.objects += 1
         bucket.stats.bytes += obj.size
         bucket.stats.charged += obj.charge
+
+    def admit(self, bucket: Bucket, obj: StoredObject) -> None:
+        """Put a block read back from the flash tier into RAM (a promotion: not a write, no ``puts``), making
+        room as a write would: within its tenant's and bucket's quotas, then the budget."""
+        now = self.clock()
+        old = bucket.objects.get(obj.key)
+        if old is not None:
+            if not old.expired(now):
+                raise errors.PreconditionFailed("a newer version is in RAM", bucket=bucket.name, key=obj.key)
+            self._remove(old, "expired")
+        self._within_quotas(bucket, obj.charge, None, now)
+        self.make_room(obj.charge)
+        obj.live = True
+        self._insert(bucket, obj)
+        for listener in self.on_store:
+            listener(obj)
+
+    def demote_now(self, obj: StoredObject) -> bool:
+        """Move a live object to the tier below at once (not for room: by policy); False if it stays."""
+        if self.lower is None or not obj.live or obj.pinned(self.clock()) or not self.lower.demote(obj):
+            return False
+        self._remove(obj, "demoted")
+        return True
+
+    def announce_removed(self, obj: StoredObject, reason: str) -> None:
+        """Tell the listeners an object already out of RAM's tables left the node (a demotion that failed)."""
+        for listener in self.on_remove:
+            listener(obj, reason)
 
     def remove(self, obj: StoredObject, reason: str) -> None:
         """Take ``obj`` out of the store (a no-op if it is gone already) and tell the listeners why."""
@@ -427,6 +485,8 @@ class ObjectStore:
             elif reason == "deleted":
                 stats.deletes += 1
         self.budget.charge(obj.tenant, -obj.charge)
+        if reason == "demoted":  # still served (from the demotion queue) until its flash write lands
+            obj.transient = True
         if obj.readers:  # still being sent: its payload stays in memory, so its bytes stay counted until then
             self.budget.used += obj.charge
             self.budget.sending += obj.charge
@@ -439,6 +499,9 @@ class ObjectStore:
     def lease(self, obj: StoredObject) -> Callable[[], None]:
         """Count a response sending ``obj``'s payload; call what this returns when the send has ended. An object
         removed meanwhile (replaced, evicted) stays counted against the budget until its last send ends."""
+        if obj.transient and not obj.readers:  # a flash read's buffer: counted while it is being sent
+            self.budget.used += obj.charge
+            self.budget.sending += obj.charge
         obj.readers += 1
         released = False
 
@@ -460,32 +523,48 @@ class ObjectStore:
         return self._get_live(bucket, key, self.clock(), record)
 
     def _get_live(self, bucket: Bucket, key: str, now: float, record: bool) -> StoredObject:
-        obj = bucket.objects.get(key)
-        if obj is not None and obj.expired(now):
-            self._remove(obj, "expired")
-            obj = None
+        obj = self._live(bucket, key, now)
         if obj is None:
             if record:
                 bucket.stats.misses += 1
             raise errors.NoSuchKey(bucket=bucket.name, key=key)
         if record:
-            bucket.stats.hits += 1
-            bucket.lru.move_to_end(obj)
-            obj.tick = next(self._ticks)
-            if bucket.sliding_ttl and now + obj.ttl > obj.expires_at:  # slide forward, never back
-                self._set_expiry(obj, now + obj.ttl)
+            self._record_hit(bucket, obj, now)
         return obj
 
-    def lookup(self, tenant: str, bucket_name: str, keys: Iterable[str]) -> list[StoredObject | None]:
-        """Live objects for many keys (None where absent); counts hits and misses, touches LRU."""
-        bucket = self.bucket(tenant, bucket_name)
+    def _live(self, bucket: Bucket, key: str, now: float) -> StoredObject | None:
+        obj = bucket.objects.get(key)
+        if obj is not None and obj.expired(now):
+            self._remove(obj, "expired")
+            return None
+        return obj
+
+    def _record_hit(self, bucket: Bucket, obj: StoredObject, now: float) -> None:
+        bucket.stats.hits += 1
+        bucket.lru.move_to_end(obj)
+        obj.tick = next(self._ticks)
+        if bucket.sliding_ttl and now + obj.ttl > obj.expires_at:  # slide forward, never back
+            self._set_expiry(obj, now + obj.ttl)
+
+    def lookup(self, tenant: str, bucket_name: str, keys: Iterable[str], *, count_misses: bool = True
+               ) -> list[StoredObject | None]:
+        """Live objects for many keys (None where absent); counts hits (and misses), touches LRU."""
+        return self.lookup_in(self.bucket(tenant, bucket_name), keys, record=True, count_misses=count_misses)
+
+    def lookup_in(self, bucket: Bucket, keys: Iterable[str], *, record: bool, count_misses: bool
+                  ) -> list[StoredObject | None]:
+        """Live objects of ``bucket`` for many keys. ``record``: count hits, touch LRU, slide TTLs (and count
+        misses if ``count_misses``: the caller may count them itself once the flash tier was asked)."""
         now = self.clock()
         out: list[StoredObject | None] = []
         for key in keys:
-            try:
-                out.append(self._get_live(bucket, key, now, True))
-            except errors.NoSuchKey:
-                out.append(None)
+            obj = self._live(bucket, key, now)
+            if obj is None:
+                if record and count_misses:
+                    bucket.stats.misses += 1
+            elif record:
+                self._record_hit(bucket, obj, now)
+            out.append(obj)
         return out
 
     def record_read(self, obj: StoredObject, nbytes: int) -> None:
@@ -498,11 +577,14 @@ class ObjectStore:
         """Remove ``key``. Returns whether a live object was removed (S3 answers 204 either way)."""
         bucket = self.bucket(tenant, bucket_name)
         obj = bucket.objects.get(key)
+        on_lower = self.lower is not None and self.lower.forget(bucket, (key,), "deleted") > 0
         if obj is None:
-            return False
+            if on_lower:
+                bucket.stats.deletes += 1
+            return on_lower
         was_live = not obj.expired(self.clock())
         self._remove(obj, "deleted" if was_live else "expired")
-        return was_live
+        return was_live or on_lower
 
     def iter_objects(self, tenant: str, bucket_name: str, start: str = "", inclusive: bool = True
                      ) -> Iterator[StoredObject]:
@@ -567,14 +649,18 @@ class ObjectStore:
         bucket = self.bucket(tenant, bucket_name)
         now = self.clock()
         count = 0
+        elsewhere: list[str] = []
         for key in keys:
             obj = bucket.objects.get(key)
             if obj is None or obj.expired(now):
+                elsewhere.append(key)
                 continue
             count += 1
             life = self.resolve_ttl(bucket, ttl if ttl is not None else obj.ttl)
             if now + life > obj.expires_at:
                 self._set_expiry(obj, now + life)
+        if elsewhere and self.lower is not None:  # flash-resident: the requested (else the bucket's) TTL
+            count += self.lower.touch(bucket.name, elsewhere, now + self.resolve_ttl(bucket, ttl))
         return count
 
     def _set_expiry(self, obj: StoredObject, expires_at: float) -> None:

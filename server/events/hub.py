@@ -3,7 +3,9 @@ out to the HTTP stream's consumers and the optional ZMQ publisher.
 
 Every commit and every removal the engine makes becomes an event: ``stored`` (bucket, tenant, key, size,
 expires_at) or ``removed`` (bucket, tenant, key, size, reason: evicted, expired, deleted, flushed). A replaced
-object is not announced as removed: its new version's ``stored`` event says the key is (still) present.
+object is not announced as removed: its new version's ``stored`` event says the key is (still) present. Each
+event names its medium: RAM's (``events_medium``) or the flash tier's (``events_disk_medium``); a demotion is
+``removed`` (reason ``demoted``, RAM's medium) followed at once by ``stored`` (the disk medium).
 
 The engine's hot path only appends a small tuple to a deque. A timer a few milliseconds later (or a full
 batch) numbers the pending events with the node's sequence (1, 2, 3... from process start; ``epoch`` tells
@@ -20,7 +22,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ..engine import Engine, StoredObject
+from ..engine import BlockRef, Engine, StoredObject
 from ..settings import Settings
 from .model import REMOVED, STORED, Event, encode_event
 from .zmq import ZmqPublisher
@@ -76,10 +78,11 @@ class EventHub:
         self.epoch = time.time_ns() // 1000  # microseconds since the Unix epoch at process start
         self.seq = 0  # last sequence number given out
         self.medium: str = settings.events_medium
+        self.disk_medium: str = settings.events_disk_medium
         self.ring: deque[Event] = deque(maxlen=settings.events_buffer)
         self.consumer_limit: int = settings.events_consumer_queue
         self.counters = {"events": 0, "batches": 0, "streams": 0, "gaps": 0, "slow_consumers": 0}
-        self._pending: deque[tuple[str, str, str, str, int, float, str | None]] = deque()
+        self._pending: deque[tuple[str, str, str, str, int, float, str | None, str]] = deque()
         self._consumers: set[Consumer] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.Handle | None = None  # the pending run: a flush timer, or a call_soon
@@ -94,18 +97,28 @@ class EventHub:
             )
         elif settings.events_zmq_replay:
             raise ValueError("events_zmq_replay needs events_zmq_pub: the replay socket serves what PUB sent")
-        engine.subscribe(on_store=self._on_store, on_remove=self._on_remove)
+        engine.subscribe(on_store=self._on_store, on_remove=self._on_remove, on_disk=self._on_disk)
 
     # ------------------------------------------------------------------ the engine's hot path
 
     def _on_store(self, obj: StoredObject) -> None:
-        self._pending.append((STORED, obj.bucket, obj.tenant, obj.key, obj.size, obj.expires_at, None))
+        self._pending.append((STORED, obj.bucket, obj.tenant, obj.key, obj.size, obj.expires_at, None, self.medium))
         self._schedule()
 
     def _on_remove(self, obj: StoredObject, reason: str) -> None:
-        if reason == "replaced":  # folded: the new version's `stored` event follows at once
+        # replaced: folded, the new version's `stored` event follows at once; demoted: the flash tier announces
+        # the move (removed + stored) once the block is on flash.
+        if reason in ("replaced", "demoted"):
             return
-        self._pending.append((REMOVED, obj.bucket, obj.tenant, obj.key, obj.size, obj.expires_at, reason))
+        self._pending.append((REMOVED, obj.bucket, obj.tenant, obj.key, obj.size, obj.expires_at, reason,
+                              self.medium))
+        self._schedule()
+
+    def _on_disk(self, kind: str, block: BlockRef, reason: str | None) -> None:
+        # A demotion's `removed` names the medium the block left (RAM's); everything else is the disk's.
+        medium = self.medium if reason == "demoted" else self.disk_medium
+        self._pending.append((STORED if kind == "stored" else REMOVED, block.bucket, block.tenant, block.key,
+                              block.size, block.expires_at, reason, medium))
         self._schedule()
 
     def _schedule(self) -> None:
@@ -150,8 +163,8 @@ class EventHub:
         self.counters["events"] += n
         self.counters["batches"] += 1
         if self._consumers:
-            epoch, node, medium = self.epoch, self.node_id, self.medium
-            frames = [(ev.bucket, ev.seq, encode_event(ev, epoch, node, medium)) for ev in batch]
+            epoch, node = self.epoch, self.node_id
+            frames = [(ev.bucket, ev.seq, encode_event(ev, epoch, node)) for ev in batch]
             for consumer in list(self._consumers):
                 consumer.offer(frames)
         if self.zmq is not None:

@@ -29,7 +29,8 @@ class Event(NamedTuple):
     key: str
     size: int
     expires_at: float
-    reason: str | None  # removed: evicted, expired, deleted, flushed
+    reason: str | None  # removed: evicted, expired, deleted, flushed, demoted (a move to the flash tier)
+    medium: str  # where the block is (stored) or was (removed): the RAM or the disk medium setting
 
 
 def frame(fields: dict[str, Any]) -> bytes:
@@ -37,7 +38,7 @@ def frame(fields: dict[str, Any]) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-def encode_event(ev: Event, epoch: int, node: str, medium: str) -> bytes:
+def encode_event(ev: Event, epoch: int, node: str) -> bytes:
     """One HTTP stream frame for an event."""
     fields: dict[str, Any] = {
         "seq": ev.seq, "epoch": epoch, "node": node, "type": ev.type, "ts": ev.ts,
@@ -49,7 +50,7 @@ def encode_event(ev: Event, epoch: int, node: str, medium: str) -> bytes:
         fields["reason"] = ev.reason
     fields["seq_hashes"] = [ev.key]
     fields["tenant_id"] = ev.tenant
-    fields["medium"] = medium
+    fields["medium"] = ev.medium
     return frame(fields)
 
 

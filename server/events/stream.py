@@ -74,17 +74,24 @@ class EventStream:
 
     async def _snapshot(self, bucket: str | None, send: Send) -> None:
         hub = self.hub
-        hub.flush_now()  # every change made so far has its number: the keys below are exactly as of `seq`
-        live = self.node.engine.live_keys(bucket)
-        body: dict[str, Any] = {"seq": hub.seq, "epoch": hub.epoch, "node": hub.node_id, "ts": time.time()}
+        seq = 0
+
+        def at() -> None:  # every change made so far has its number: the keys are exactly as of `seq`
+            nonlocal seq
+            hub.flush_now()
+            seq = hub.seq
+
+        live = await self.node.engine.live_keys(bucket, at)
+        body: dict[str, Any] = {"seq": seq, "epoch": hub.epoch, "node": hub.node_id, "ts": time.time()}
         if bucket is not None:
             if bucket not in live:
                 await _json(send, 404, {"detail": f"no bucket {bucket}"})
                 return
-            owner, keys = live[bucket]
-            body.update(bucket=bucket, tenant=owner, keys=keys)
+            owner, keys, disk = live[bucket]
+            body.update(bucket=bucket, tenant=owner, keys=keys, disk_keys=disk)
         else:
-            body["buckets"] = {name: {"tenant": owner, "keys": keys} for name, (owner, keys) in live.items()}
+            body["buckets"] = {name: {"tenant": owner, "keys": keys, "disk_keys": disk}
+                               for name, (owner, keys, disk) in live.items()}
         headers = [("content-type", wire.CONTENT_TYPE), ("cache-control", "no-store")]
         await send_response(send, 200, headers, pack(body))
 
@@ -131,7 +138,7 @@ class EventStream:
                 if consumer.closed or consumer.overflow:
                     break
                 if bucket is None or ev.bucket == bucket:
-                    encoded = encode_event(ev, hub.epoch, hub.node_id, hub.medium)
+                    encoded = encode_event(ev, hub.epoch, hub.node_id)
                     chunk.append(encoded)
                     size += len(encoded)
                 consumer.last_seq = ev.seq

@@ -129,10 +129,10 @@ class ZmqPublisher:
     def publish(self, batch: list[Event], ts: float) -> None:
         if self._pub is None:
             return
-        buckets, mode, medium, fmt = self.buckets, self.hashes, self.medium, self.fmt
+        buckets, mode, fmt = self.buckets, self.hashes, self.fmt
         events = [
             vllm_event("BlockStored" if ev.type == STORED else "BlockRemoved", [block_hash(ev.key, mode)],
-                       medium, fmt)
+                       ev.medium, fmt)
             for ev in batch if buckets is None or ev.bucket in buckets
         ]
         if events:

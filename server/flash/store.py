@@ -468,7 +468,21 @@ class FlashStore:
 
     def lookup(self, bucket: str, key: str) -> Entry | None:
         """The index entry of a live block, or None. No I/O."""
-        return self.lookup_many(bucket, [key])[0]
+        r = self._row(bucket, key)
+        if r < 0:
+            return None
+        idx = self.index
+        return _new_entry((int(idx.plen[r]), float(idx.exp[r]), int(idx.seg[r]), int(idx.off[r]), int(idx.hlen[r])))
+
+    def _row(self, bucket: str, key: str) -> int:
+        """:meth:`_rows` for one key, without arrays (the engine asks about one key on every write)."""
+        bid = self._buckets.get(bucket)
+        if bid is None:
+            return -1
+        r = self.index.find_one(xxhash.xxh3_64_intdigest(key.encode(), self._seed(bucket)))
+        if r < 0 or int(self.index.bkt[r]) != bid or not float(self.index.exp[r]) > self.clock():
+            return -1
+        return r
 
     def lookup_many(self, bucket: str, keys: Sequence[str]) -> list[Entry | None]:
         """Vectorized lookup (no I/O): per key its Entry, or None if absent or expired."""
@@ -497,7 +511,7 @@ class FlashStore:
         fp = self._fp(bucket, key)
         if fp is None:
             return False
-        return fp in self._pending or self._rows(bucket, [key])[0] >= 0
+        return fp in self._pending or self._row(bucket, key) >= 0
 
     def _rows(self, bucket: str, keys: Sequence[str]) -> np.ndarray:
         bid = self._buckets.get(bucket)

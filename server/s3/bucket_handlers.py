@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import AsyncGenerator
 
+from ..engine import StoredObject
 from ..protocol.shell import Reply
 from . import listing
 from .body import read_xml
@@ -64,22 +66,22 @@ def _iterator(call: Call) -> listing.ObjectIterator:
     engine, tenant, bucket = call.engine, call.tenant, call.bucket_name
     engine.bucket(tenant, bucket)  # raise NoSuchBucket/AccessDenied before any paging
 
-    def iterate(start: str, inclusive: bool):  # noqa: ANN202
-        return engine.iter_objects(tenant, bucket, start, inclusive)
+    def iterate(start: str, inclusive: bool) -> AsyncGenerator[StoredObject, None]:
+        return engine.list_objects(tenant, bucket, start, inclusive)
 
     return iterate
 
 
 async def list_objects(call: Call) -> Reply:
-    return xml_response(listing.list_v1(_iterator(call), call.bucket_name, call.tenant, call.req.query))
+    return xml_response(await listing.list_v1(_iterator(call), call.bucket_name, call.tenant, call.req.query))
 
 
 async def list_objects_v2(call: Call) -> Reply:
-    return xml_response(listing.list_v2(_iterator(call), call.bucket_name, call.tenant, call.req.query))
+    return xml_response(await listing.list_v2(_iterator(call), call.bucket_name, call.tenant, call.req.query))
 
 
 async def list_object_versions(call: Call) -> Reply:
-    return xml_response(listing.list_versions(_iterator(call), call.bucket_name, call.tenant, call.req.query))
+    return xml_response(await listing.list_versions(_iterator(call), call.bucket_name, call.tenant, call.req.query))
 
 
 async def list_multipart_uploads(call: Call) -> Reply:

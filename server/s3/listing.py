@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import binascii
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -20,7 +21,7 @@ from .xml import Node, document, iso8601
 
 MAX_KEYS = 1000
 
-ObjectIterator = Callable[[str, bool], Iterator[StoredObject]]  # (start, inclusive) -> live objects
+ObjectIterator = Callable[[str, bool], AsyncGenerator[StoredObject, None]]  # (start, inclusive) -> live objects
 
 
 @dataclass
@@ -39,7 +40,7 @@ def _successor(prefix: str) -> str | None:
     return prefix[:-1] + chr(last + 1)
 
 
-def collect(iterate: ObjectIterator, *, prefix: str, delimiter: str, after: str, max_keys: int) -> Page:
+async def collect(iterate: ObjectIterator, *, prefix: str, delimiter: str, after: str, max_keys: int) -> Page:
     """One page of keys under ``prefix`` strictly after ``after``, grouped by ``delimiter``."""
     page = Page()
     if max_keys <= 0:
@@ -52,34 +53,35 @@ def collect(iterate: ObjectIterator, *, prefix: str, delimiter: str, after: str,
     restart = True
     while restart:
         restart = False
-        for obj in iterate(start, inclusive):
-            key = obj.key
-            if not key.startswith(prefix):
-                if key > prefix:
-                    return page
-                continue
-            if delimiter:
-                cut = key.find(delimiter, len(prefix))
-                if cut >= 0:
-                    group = key[: cut + len(delimiter)]
-                    if group > after:
-                        if count == max_keys:
-                            page.truncated = True
-                            return page
-                        page.prefixes.append(group)
-                        page.last = group
-                        count += 1
-                    nxt = _successor(group)
-                    if nxt is not None:  # jump over the whole group
-                        start, inclusive, restart = nxt, True, True
-                        break
+        async with aclosing(iterate(start, inclusive)) as objects:
+            async for obj in objects:
+                key = obj.key
+                if not key.startswith(prefix):
+                    if key > prefix:
+                        return page
                     continue
-            if count == max_keys:
-                page.truncated = True
-                return page
-            page.contents.append(obj)
-            page.last = key
-            count += 1
+                if delimiter:
+                    cut = key.find(delimiter, len(prefix))
+                    if cut >= 0:
+                        group = key[: cut + len(delimiter)]
+                        if group > after:
+                            if count == max_keys:
+                                page.truncated = True
+                                return page
+                            page.prefixes.append(group)
+                            page.last = group
+                            count += 1
+                        nxt = _successor(group)
+                        if nxt is not None:  # jump over the whole group
+                            start, inclusive, restart = nxt, True, True
+                            break
+                        continue
+                if count == max_keys:
+                    page.truncated = True
+                    return page
+                page.contents.append(obj)
+                page.last = key
+                count += 1
     return page
 
 
@@ -125,13 +127,13 @@ def _object_nodes(obj: StoredObject, enc: Callable[[str], str], owner: Node | No
     return nodes
 
 
-def list_v1(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, str]) -> bytes:
+async def list_v1(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, str]) -> bytes:
     prefix = query.get("prefix", "")
     delimiter = query.get("delimiter", "")
     marker = query.get("marker", "")
     max_keys = parse_max_keys(query.get("max-keys"))
     enc = _encoder(query.get("encoding-type"))
-    page = collect(iterate, prefix=prefix, delimiter=delimiter, after=marker, max_keys=max_keys)
+    page = await collect(iterate, prefix=prefix, delimiter=delimiter, after=marker, max_keys=max_keys)
     owner = _owner(tenant)
     children: list[Node] = [
         ("Name", bucket),
@@ -160,7 +162,7 @@ def _decode_token(token: str) -> str:
         raise S3Error("InvalidArgument", "The continuation token provided is incorrect") from None
 
 
-def list_v2(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, str]) -> bytes:
+async def list_v2(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, str]) -> bytes:
     prefix = query.get("prefix", "")
     delimiter = query.get("delimiter", "")
     start_after = query.get("start-after", "")
@@ -168,7 +170,7 @@ def list_v2(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, 
     max_keys = parse_max_keys(query.get("max-keys"))
     enc = _encoder(query.get("encoding-type"))
     after = _decode_token(token) if token else start_after  # an empty token lists from the start
-    page = collect(iterate, prefix=prefix, delimiter=delimiter, after=after, max_keys=max_keys)
+    page = await collect(iterate, prefix=prefix, delimiter=delimiter, after=after, max_keys=max_keys)
     owner = _owner(tenant) if query.get("fetch-owner", "").lower() == "true" else None
     children: list[Node] = [
         ("Name", bucket),
@@ -187,14 +189,14 @@ def list_v2(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, 
     return document("ListBucketResult", children)
 
 
-def list_versions(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, str]) -> bytes:
+async def list_versions(iterate: ObjectIterator, bucket: str, tenant: str, query: dict[str, str]) -> bytes:
     """Without versioning every object is listed once, as version ``null``, and is the latest."""
     prefix = query.get("prefix", "")
     delimiter = query.get("delimiter", "")
     key_marker = query.get("key-marker", "")
     max_keys = parse_max_keys(query.get("max-keys"))
     enc = _encoder(query.get("encoding-type"))
-    page = collect(iterate, prefix=prefix, delimiter=delimiter, after=key_marker, max_keys=max_keys)
+    page = await collect(iterate, prefix=prefix, delimiter=delimiter, after=key_marker, max_keys=max_keys)
     owner = _owner(tenant)
     children: list[Node] = [
         ("Name", bucket),

@@ -11,7 +11,7 @@ from .body import read_upload, read_xml
 from .call import Call, xml_response
 from .checksums import ALGORITHMS, Checksum
 from .errors import S3Error
-from .object_handlers import write_conditions
+from .object_handlers import needs_etag, write_conditions
 from .objectmeta import expires_at_header, metadata_from_headers, requested_ttl
 from .xml import Node, child_text, document, iso8601, parse
 
@@ -88,6 +88,8 @@ async def complete_multipart_upload(call: Call) -> Reply:
     if not parts:
         raise S3Error("MalformedXML", "You must specify at least one part.")
     if_none_match, if_match = write_conditions(call.req.headers)
+    if done is None and needs_etag(if_none_match, if_match):
+        await call.engine.resident(call.tenant, call.bucket_name, call.object_key)
     checksums = {} if done is not None else _composite_checksums(call, upload_id, [n for n, _ in parts])
     obj = call.engine.complete_upload(
         call.tenant, call.bucket_name, call.object_key, upload_id, parts,

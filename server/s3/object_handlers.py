@@ -42,6 +42,8 @@ async def put_object(call: Call) -> Reply:
     engine = call.engine
     engine.bucket(call.tenant, call.bucket_name)  # fail before reading the body
     body = await read_upload(call, OBJECT_OVERHEAD, replaces=call.object_key)
+    if needs_etag(if_none_match, if_match):
+        await engine.resident(call.tenant, call.bucket_name, call.object_key)
     obj = engine.put(
         call.tenant, call.bucket_name, call.object_key, body.data, etag=md5_etag(body.md5), ttl=ttl,
         content_type=content_type, headers=stored, user_meta=user_meta, checksums=body.checksums,
@@ -52,20 +54,25 @@ async def put_object(call: Call) -> Reply:
     return Reply(200, headers)
 
 
+def needs_etag(if_none_match: str | bool, if_match: str | None) -> bool:
+    """A conditional write that compares ETags (not just presence): a flash-only object is read into RAM first."""
+    return if_match is not None or (bool(if_none_match) and if_none_match != "*")
+
+
 async def get_object(call: Call) -> Reply:
-    return _read(call, head=False)
+    return await _read(call, head=False)
 
 
 async def head_object(call: Call) -> Reply:
-    return _read(call, head=True)
+    return await _read(call, head=True)
 
 
-def _read(call: Call, *, head: bool) -> Reply:
+async def _read(call: Call, *, head: bool) -> Reply:
     req = call.req
     if "partNumber" in req.query:
         raise S3Error("NotImplemented", "GET/HEAD with partNumber is not implemented by ctxstore.")
     engine = call.engine
-    obj = engine.get(call.tenant, call.bucket_name, call.object_key, record=not head)
+    obj = await engine.fetch(call.tenant, call.bucket_name, call.object_key, record=not head, meta_only=head)
     check_read_conditions(obj, req.headers)
     span = parse_range(req.headers.get("range"), obj.size)
     # A ranged response carries no whole-object checksum (as in S3): clients would check the part against it.
@@ -113,7 +120,7 @@ async def copy_object(call: Call) -> Reply:
     src_bucket, src_key = _copy_source(call)
     engine = call.engine
     engine.bucket(call.tenant, call.bucket_name)
-    src: StoredObject = engine.get(call.tenant, src_bucket, src_key, record=True)
+    src: StoredObject = await engine.fetch(call.tenant, src_bucket, src_key, record=True)
     check_read_conditions(src, req.headers, prefix="x-amz-copy-source-")
     directive = req.headers.get("x-amz-metadata-directive", "COPY").upper()
     if directive not in ("COPY", "REPLACE"):
@@ -130,9 +137,13 @@ async def copy_object(call: Call) -> Reply:
     if ttl is None:
         ttl = src.ttl
     if_none_match, if_match = write_conditions(req.headers)
+    if needs_etag(if_none_match, if_match):
+        await engine.resident(call.tenant, call.bucket_name, call.object_key)
     # The payload is immutable, so the copy shares it; it is still charged in full to keep accounting simple.
+    # A block read from flash is a view of its read buffer: copied, so that buffer is not kept alive.
+    data = bytes(src.data) if isinstance(src.data, memoryview) else src.data
     obj = engine.put(
-        call.tenant, call.bucket_name, call.object_key, src.data, etag=src.etag, ttl=ttl,
+        call.tenant, call.bucket_name, call.object_key, data, etag=src.etag, ttl=ttl,
         content_type=content_type, headers=stored, user_meta=user_meta, checksums=dict(src.checksums),
         parts_count=src.parts_count, if_none_match=if_none_match, if_match=if_match, xxh3=src.xxh3,
     )

@@ -590,7 +590,7 @@ def test_lookup_and_get_pin_every_present_block() -> None:
     sent = asyncio.run(call_app(app, "lookup", wire.encode_keys_request(
         "lookup", wire.KeysRequest(["c/0", "c/1", "c/2"], pin=30))))
     answer = wire.decode_lookup_response(wire.unpack_head(sent[1]["body"], wire.ANY_HEAD)[0], 3)
-    assert answer == wire.LookupResponse(1, [1, wire.ABSENT, 1])
+    assert answer == wire.LookupResponse(1, [1, wire.ABSENT, 1], [wire.TIER_RAM, wire.TIER_ABSENT, wire.TIER_RAM])
     pins = {k: app.engine.get("default", bucket, k, record=False).pinned_until for k in ("c/0", "c/2", "c/3")}
     assert now + 29 < pins["c/0"] < now + 31 and now + 29 < pins["c/2"] < now + 31  # beyond the prefix too
     assert pins["c/3"] == 0.0  # not asked for

@@ -218,7 +218,7 @@ def test_snapshot_is_consistent_with_its_seq(node: SimpleNamespace) -> None:
     snap = snapshot(n, bucket)
     assert snap["keys"] == ["a", "c"] and snap["bucket"] == bucket and snap["tenant"] == "default"
     whole = snapshot(n)
-    assert whole["buckets"][bucket] == {"tenant": "default", "keys": ["a", "c"]}
+    assert whole["buckets"][bucket] == {"tenant": "default", "keys": ["a", "c"], "disk_keys": []}
     assert whole["seq"] >= snap["seq"]
     # Resume right after the snapshot: nothing to replay, the next change is seq + 1.
     with Stream(n.port, since=snap["seq"], epoch=snap["epoch"], bucket=bucket) as stream:

@@ -65,6 +65,7 @@ class CtxStoreRemoteConnector(RemoteConnector):
                                        access_key=_option(extra, "access_key"),
                                        secret_key=_option(extra, "secret_key"), timeouts=timeouts)
         self._bucket_ready = False
+        self._prefetches: set[asyncio.Task[int]] = set()  # started by lookups, kept until they end
         logger.info("ctxstore remote connector: bucket %s, chunk %d bytes", self.bucket, self.full_chunk_size_bytes)
 
     # ------------------------------------------------------------------ helpers
@@ -99,9 +100,20 @@ class CtxStoreRemoteConnector(RemoteConnector):
     async def _prefix(self, keys: list[Any], pin: bool) -> int:
         # With a pin, the matched chunks stay in the pod while the retrieve that follows is in flight: one
         # round trip per node either way (the node pins as it looks up).
-        sizes = await self.store.lookup_keys(self.bucket, [k.to_string() for k in keys],
-                                             pin=self.pin_seconds if pin else 0.0)
-        return prefix_length([s if self._usable(s) else ABSENT for s in sizes])
+        names = [k.to_string() for k in keys]
+        found = await self.store.locate_keys(self.bucket, names, pin=self.pin_seconds if pin else 0.0)
+        n = prefix_length([f[0] if f is not None and self._usable(f[0]) else ABSENT for f in found])
+        cold = [k for k, f in zip(names[:n], found[:n]) if f is not None and f[1] == "disk"]
+        if cold:  # on a node's flash tier: have it brought into RAM while LMCache gets ready to retrieve
+            task = asyncio.get_running_loop().create_task(self.store.prefetch_keys(self.bucket, cold))
+            self._prefetches.add(task)
+            task.add_done_callback(self._prefetch_done)
+        return n
+
+    def _prefetch_done(self, task: asyncio.Task[int]) -> None:
+        self._prefetches.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # advisory: a slower retrieve, no more
+            logger.debug("ctxstore: prefetch failed: %s", task.exception())
 
     def support_batched_contains(self) -> bool:
         return True

@@ -96,6 +96,7 @@ class ConnectorConfig:
     lookup_wait: float = 0.002  # how long get_num_new_matched_tokens waits for a lookup before answering None
     load: bool = True
     save: bool = True
+    prefetch: bool = True  # after a lookup, ask nodes with a flash tier to bring the matched prefix into RAM
     save_decode: bool = True  # also save blocks filled by generated tokens
     max_pending_save_bytes: int = 1 << 30  # staged saves in flight beyond this are dropped (a future miss)
 
@@ -215,6 +216,7 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.client = _Client(self.config)
         # scheduler side
         self._requests: dict[str, _RequestState] = {}
+        self._prefetches: set[asyncio.Task[int]] = set()  # started after lookups, on the client loop
         self._loads: list[_Transfer] = []
         # worker side
         self.layout: PagedLayout | None = None
@@ -251,8 +253,8 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
     # ------------------------------------------------------------------ scheduler side
 
     def on_new_request(self, request: Request) -> None:
-        # Enqueue time: the lookup runs while the request waits. (Where the pod's nodes gain a flash tier, this
-        # is also where a prefetch of the same keys belongs, so the blocks are in RAM when the load comes.)
+        # Enqueue time: the lookup runs while the request waits, followed (without waiting for it) by a prefetch
+        # of the matched prefix, so blocks on a node's flash tier are in RAM when the load comes.
         state = _RequestState(request)
         self._requests[request.request_id] = state
         if self.enabled and self.config.load:
@@ -271,12 +273,33 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         ranks = self.keyspace.all_rank_keys(request.block_hashes[:n_blocks], request.cache_salt)
         keys = [k for rank in ranks for k in rank]
         try:
-            future = self.client.submit(self.client.store.lookup_keys(self.config.bucket, keys))
+            future = self.client.submit(self._lookup(ranks, n_blocks))
         except Exception as exc:  # noqa: BLE001  (a miss, never an error in the scheduler)
             log.warning("ctxstore: lookup not started: %s", exc)
             return _Lookup(None, n_blocks, started, prefix=0)
         self.stats.add("lookups")
         return _Lookup(future, n_blocks, started)
+
+    async def _lookup(self, ranks: list[list[str]], n_blocks: int) -> list[int]:
+        """One lookup of every rank's keys; then, if asked, a prefetch of the prefix every rank holds, started
+        and left to run (the nodes answer a prefetch at once; its failure is only a slower load)."""
+        store, bucket = self.client.store, self.config.bucket
+        keys = [k for rank in ranks for k in rank]
+        found = await store.locate_keys(bucket, keys)
+        sizes = [ABSENT if f is None else f[0] for f in found]
+        prefix = _common_prefix(sizes, n_blocks, self.keyspace.block_bytes)
+        cold = [k for i, (k, f) in enumerate(zip(keys, found))  # within every rank's matched prefix
+                if i % n_blocks < prefix and f is not None and f[1] == "disk"] if self.config.prefetch else []
+        if cold:  # only blocks on a node's flash tier: nothing to ask of RAM-only nodes
+            task = asyncio.get_running_loop().create_task(store.prefetch_keys(bucket, cold))
+            self._prefetches.add(task)
+            task.add_done_callback(self._prefetch_done)
+        return sizes
+
+    def _prefetch_done(self, task: asyncio.Task[int]) -> None:
+        self._prefetches.discard(task)
+        if not task.cancelled() and task.exception() is None and task.result():
+            self.stats.add("prefetched_blocks", task.result())
 
     def _lookup_prefix(self, lookup: _Lookup) -> int | None:
         if lookup.prefix is not None:

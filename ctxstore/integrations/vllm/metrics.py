@@ -1,6 +1,7 @@
 """The connector's counters: vLLM's per-interval stats (``KV Transfer metrics: ...`` in its log) and Prometheus.
 
 Counters (summed over the scheduler and every worker): ``lookups``, ``lookup_errors``, ``lookup_ms``,
+``prefetched_blocks`` (matched blocks the nodes promote from their flash tier ahead of the load),
 ``hit_tokens`` (tokens vLLM took from ctxstore instead of computing), ``loaded_blocks``, ``loaded_bytes``,
 ``load_errors`` (blocks vLLM recomputed), ``load_ms``, ``saved_blocks``, ``saved_bytes``, ``save_existing``
 (already in ctxstore), ``save_errors``, ``save_dropped`` (staging budget full), ``save_ms``.
@@ -23,6 +24,7 @@ COUNTERS: dict[str, str] = {
     "lookups": "Bulk lookups started (one per request, one call per node).",
     "lookup_errors": "Lookups that failed or timed out (their blocks counted as misses).",
     "lookup_ms": "Milliseconds from a lookup's start to its answer being used.",
+    "prefetched_blocks": "Matched blocks the nodes started bringing from their flash tier into RAM.",
     "hit_tokens": "Prompt tokens loaded from ctxstore instead of computed.",
     "loaded_blocks": "Blocks restored into the paged KV cache.",
     "loaded_bytes": "Bytes restored into the paged KV cache.",

@@ -1,0 +1,619 @@
+"""The flash tier as the engine uses it: RAM's eviction victims are demoted to flash, flash hits are read back
+verified (and promoted into RAM), and deletes, overwrites, TTL changes and buckets apply to both tiers, so the
+two are one store to every caller.
+
+The storage itself (segments, index, recovery) is :mod:`ctxstore_server.flash`; this module is policy:
+
+- **Demotion.** An eviction victim with enough life left is handed to the flash writer instead of being dropped.
+  It leaves RAM's accounting at once (so the write that needed room proceeds), but stays readable from
+  :attr:`FlashTier.demoting` until its write lands. What waits for a write is bounded (``disk_queue``): a victim
+  that finds the queue full is dropped, as without a flash tier. A block that came back from flash unchanged is
+  still on flash: its demotion writes nothing.
+- **Reads.** RAM first, then the demotion queue, then flash (verified by the flash store: header, key and
+  payload XXH3; a record that fails is a miss and is dropped). A flash hit is promoted into RAM when the
+  policy says so and room can be made; otherwise it is sent from a transient buffer that counts against the
+  budget (as ``sending`` bytes) while its answer is being sent.
+- **Events.** A demotion is a medium change: the block's RAM copy is announced removed (reason ``demoted``)
+  immediately followed by a ``stored`` event with the disk medium, so a consumer that ignores the medium sees
+  the key present throughout. Blocks the flash tier drops are ``removed`` with the disk medium.
+- **Capacity.** Flash space is the flash store's (never exceeded; the oldest segment goes when full). A
+  tenant with a RAM quota may hold at most the same share of the flash tier (quota x disk size / memory):
+  beyond it its victims are dropped, so one tenant cannot push another's blocks off flash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import msgpack
+
+from ..flash import (
+    SUPERSEDED,
+    FlashBlock,
+    FlashMeta,
+    FlashRecord,
+    FlashStats,
+    FlashStore,
+    RecoveryReport,
+    Removal,
+    WriteResult,
+)
+from . import errors
+from .config import EngineConfig
+from .objects import Bucket, StoredObject
+from .store import ObjectStore
+
+log = logging.getLogger("ctxstore.flash")
+
+RAM = "ram"
+DISK = "disk"
+STORED = "stored"
+REMOVED = "removed"
+
+META_VERSION = 1
+PREFETCH_TASKS = 4  # prefetches reading from flash at once; more are answered but not started
+PREFETCH_KEYS = 1024  # keys one prefetch read asks the flash store for at a time
+
+
+class BlockRef(NamedTuple):
+    """What an event says about a block the flash tier holds (or held)."""
+
+    bucket: str
+    tenant: str
+    key: str
+    size: int
+    expires_at: float
+
+
+# (type: STORED | REMOVED, block, reason or None): events of the disk medium, and of demotion.
+DiskListener = Callable[[str, BlockRef, str | None], None]
+
+
+def encode_meta(obj: StoredObject) -> bytes:
+    """The object's metadata as its flash record carries it (opaque to the flash store)."""
+    return msgpack.packb([META_VERSION, obj.etag, obj.content_type, dict(obj.headers), dict(obj.user_meta),
+                          dict(obj.checksums), obj.parts_count, obj.ttl])
+
+
+def decode_meta(data: bytes) -> tuple[str, str, dict[str, str], dict[str, str], dict[str, str], int, float]:
+    """(etag, content type, headers, user metadata, checksums, parts count, ttl); ValueError if unreadable."""
+    try:
+        fields = msgpack.unpackb(data)
+        version, etag, ctype, headers, user_meta, checksums, parts, ttl = fields
+    except Exception as exc:  # msgpack raises several types; any of them means "not ours"
+        raise ValueError(f"unreadable flash metadata: {exc}") from None
+    if version != META_VERSION:
+        raise ValueError(f"flash metadata version {version!r}")
+    return str(etag), str(ctype), dict(headers), dict(user_meta), dict(checksums), int(parts), float(ttl)
+
+
+@dataclass
+class TierCounters:
+    """Node-wide counters of the flash tier the engine keeps (the flash store keeps the device's own)."""
+
+    prefetches: int = 0  # blocks prefetch started reading from flash
+    dropped_victims: int = 0  # eviction victims not demoted (queue full, too short-lived, over a share, refused)
+
+
+class FlashTier:
+    """One node's flash tier, glued to its RAM store."""
+
+    def __init__(self, config: EngineConfig, store: ObjectStore, clock: Callable[[], float]) -> None:
+        assert config.disk_path, "a flash tier needs a directory"
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.queue_limit = config.disk_queue or min(256 << 20, max(8 << 20, config.budget // 16))
+        try:
+            self.flash = FlashStore(
+                config.disk_path, config.disk_size, segment_bytes=config.disk_segment_size,
+                queue_bytes=self.queue_limit, readers=config.disk_readers, clock=clock,
+                on_remove=self._flash_removed,
+            )
+        except ValueError as exc:
+            raise ValueError(f"--disk-size {config.disk_size} with --disk-segment-size {config.disk_segment_size}: "
+                             f"{exc} (at least 3 segments plus 1 MiB)") from None
+        self.max_block = config.disk_segment_size - (16 << 10)  # what a segment can hold (the store's own rule)
+        self.demoting: dict[tuple[str, str], StoredObject] = {}
+        self.queued = 0  # payload bytes in self.demoting
+        self.tenant_queued: dict[str, int] = {}  # the same per tenant (for the flash shares)
+        self._batch: list[StoredObject] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self.listeners: list[DiskListener] = []
+        self.counters = TierCounters()
+        self.recovery: RecoveryReport | None = None
+        self.tenant_disk: dict[str, int] = {}  # payload bytes per tenant on flash, refreshed by housekeep()
+        self._prefetching = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._manifest_task: asyncio.Task[None] | None = None
+        self._manifest_dirty = False
+        self.manifest_source: Callable[[], dict[str, Any]] | None = None
+        self._watchers: list[dict[str, list[str]]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self, reset: bool) -> RecoveryReport:
+        report = await self.flash.open(reset=reset)
+        self.recovery = report
+        return report
+
+    async def close(self, spill_seconds: float = 0.0) -> int:
+        """Stop: write what waits for flash, then (``spill_seconds`` > 0) what only RAM holds, for at most that
+        long, so a planned restart comes back with it; save the manifest, seal the segments. Returns the
+        blocks spilled."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        spilled = await self._spill(time.monotonic() + spill_seconds) if spill_seconds > 0 else 0
+        await self.save_manifest()
+        await self.flash.close()
+        return spilled
+
+    async def _spill(self, deadline: float) -> int:
+        if not self.flash_open:
+            return 0
+        now = self.clock()
+        spilled = 0
+        batch: list[FlashRecord] = []
+        size = 0
+        for bucket in list(self.store.buckets.values()):
+            for obj in list(bucket.objects.values()):
+                if obj.expired(now) or (obj.on_disk and self.flash.lookup(obj.bucket, obj.key) is not None):
+                    continue
+                if not self._may_demote(obj, queue=False):
+                    continue
+                batch.append(FlashRecord(obj.bucket, obj.key, obj.data, obj.expires_at, obj.created,
+                                         encode_meta(obj), obj.xxh3))
+                size += obj.size
+                if size >= self.queue_limit // 2:
+                    spilled += await self._spill_batch(batch)
+                    batch, size = [], 0
+                    if time.monotonic() > deadline or self.flash.degraded is not None:
+                        log.warning("flash: shutdown spill stopped after %d blocks (time or device)", spilled)
+                        return spilled
+        return spilled + await self._spill_batch(batch)
+
+    async def _spill_batch(self, batch: list[FlashRecord]) -> int:
+        if not batch:
+            return 0
+        accepted = sum(r is None for r in self.flash.append(batch))
+        await self.flash.flush()
+        return accepted
+
+    def announce_recovered(self) -> None:
+        """After a restart: a ``stored`` event (disk medium) for every block recovered, in the background, so
+        a router that lost its view of this node (its event epoch changed) learns what it holds again."""
+        task = asyncio.get_running_loop().create_task(self._announce_recovered())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _announce_recovered(self) -> None:
+        try:
+            for name in list(self.store.buckets):
+                batch: list[str] = []
+                async for key in self.flash.iter_keys(name):
+                    batch.append(key)
+                    if len(batch) >= PREFETCH_KEYS:
+                        self._announce_present(name, batch)
+                        batch = []
+                        await asyncio.sleep(0)
+                self._announce_present(name, batch)
+        except Exception:  # advisory: a router that misses them sees misses, never wrong blocks
+            log.exception("flash: announcing the recovered blocks failed")
+
+    def _announce_present(self, name: str, keys: list[str]) -> None:
+        bucket = self.store.buckets.get(name)
+        if bucket is None or not keys:
+            return
+        for key, entry in zip(keys, self.flash.lookup_many(name, keys)):
+            ram = bucket.objects.get(key)
+            if entry is not None and (ram is None or not ram.live):
+                self._announce(STORED, BlockRef(name, bucket.owner, key, entry.size, entry.expires_at), None)
+
+    async def housekeep(self) -> None:
+        """Bounded background work of the flash store, and the per-tenant shares it is checked against."""
+        await self.flash.housekeep()
+        self._refresh_shares(self.flash.stats())
+
+    def _refresh_shares(self, stats: FlashStats) -> None:
+        shares: dict[str, int] = {}
+        for name, bstats in stats.buckets.items():
+            bucket = self.store.buckets.get(name)
+            if bucket is not None:
+                shares[bucket.owner] = shares.get(bucket.owner, 0) + bstats.bytes
+        self.tenant_disk = shares
+
+    # ------------------------------------------------------------------ the manifest
+
+    def manifest_changed(self) -> None:
+        """Buckets, their policies or quotas changed: save the manifest soon (coalesced, off the caller)."""
+        self._manifest_dirty = True
+        if self._manifest_task is None or self._manifest_task.done():
+            try:
+                self._manifest_task = asyncio.get_running_loop().create_task(self._save_soon())
+            except RuntimeError:  # no loop (not serving): saved at close
+                pass
+
+    async def _save_soon(self) -> None:
+        while self._manifest_dirty:
+            await self.save_manifest()
+
+    async def save_manifest(self) -> None:
+        if self.manifest_source is None or not self.flash_open:
+            return
+        self._manifest_dirty = False
+        if not await self.flash.save_manifest(self.manifest_source()):
+            log.warning("flash: the manifest could not be saved (%s)", self.flash.degraded or "device refused")
+
+    @property
+    def flash_open(self) -> bool:
+        return self.recovery is not None
+
+    # ------------------------------------------------------------------ demotion
+
+    def demote(self, obj: StoredObject) -> bool:
+        """Take an eviction victim to flash instead of dropping it. True: it is (or is becoming) flash-resident,
+        so the store removes it as ``demoted``; False: drop it as evicted."""
+        if obj.on_disk and self.flash.lookup(obj.bucket, obj.key) is not None:
+            # Promoted earlier and unchanged since: flash has these bytes; only its expiry may have moved on.
+            self.flash.touch(obj.bucket, obj.key, obj.expires_at)
+            self._announce_demoted(obj)
+            return True
+        if not self._may_demote(obj):
+            self.counters.dropped_victims += 1
+            return False
+        self.demoting[(obj.bucket, obj.key)] = obj
+        self.queued += obj.size
+        self.tenant_queued[obj.tenant] = self.tenant_queued.get(obj.tenant, 0) + obj.size
+        self._batch.append(obj)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+        return True
+
+    def _may_demote(self, obj: StoredObject, *, queue: bool = True) -> bool:
+        if not self.flash_open or self.flash.degraded is not None:
+            return False
+        if obj.expires_at - self.clock() < self.config.disk_min_ttl or obj.size > self.max_block:
+            return False
+        if queue and self.queued + obj.size > self.queue_limit:
+            return False
+        quota = self.store.budget.tenant_quota.get(obj.tenant, 0)
+        if quota and self.config.budget:
+            share = quota * self.config.disk_size // self.config.budget
+            if self.tenant_disk.get(obj.tenant, 0) + self.tenant_queued.get(obj.tenant, 0) + obj.size > share:
+                return False
+        return True
+
+    def _flush(self) -> None:
+        """Hand the victims gathered since the last call to the flash writer, in one append."""
+        self._flush_handle = None
+        batch, self._batch = self._batch, []
+        objects = [o for o in batch if self.demoting.get((o.bucket, o.key)) is o]  # not deleted meanwhile
+        if not objects:
+            return
+        records = [FlashRecord(o.bucket, o.key, o.data, o.expires_at, o.created, encode_meta(o), o.xxh3)
+                   for o in objects]
+        refused = self.flash.append(records, self._written)
+        for obj, reason in zip(objects, refused):
+            if reason is not None:
+                self._demotion_failed(obj, reason)
+
+    def _written(self, results: list[WriteResult]) -> None:
+        for result in results:
+            record = result.record
+            slot = (record.bucket, record.key)
+            obj = self.demoting.get(slot)
+            if obj is None or obj.data is not record.payload:  # deleted, replaced or demoted again since
+                continue
+            if result.stored:
+                self._unqueue(slot)
+                self.tenant_disk[obj.tenant] = self.tenant_disk.get(obj.tenant, 0) + obj.size
+                self._announce_demoted(obj)
+            elif result.reason != SUPERSEDED:
+                self._demotion_failed(obj, result.reason or "refused")
+
+    def _unqueue(self, slot: tuple[str, str]) -> StoredObject | None:
+        """Take a victim off the demotion queue (written, failed, deleted or replaced)."""
+        obj = self.demoting.pop(slot, None)
+        if obj is not None:
+            self.queued -= obj.size
+            self.tenant_queued[obj.tenant] -= obj.size
+        return obj
+
+    def _demotion_failed(self, obj: StoredObject, reason: str) -> None:
+        """The write did not happen: the block is gone from the node, an eviction after all."""
+        slot = (obj.bucket, obj.key)
+        if self.demoting.get(slot) is obj:
+            self._unqueue(slot)
+        self.counters.dropped_victims += 1
+        log.debug("flash: %s/%s not demoted (%s)", obj.bucket, obj.key, reason)
+        bucket = self.store.buckets.get(obj.bucket)
+        if bucket is not None:
+            bucket.stats.evictions += 1
+        self.store.announce_removed(obj, "evicted")
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[dict[str, list[str]]]:
+        """Collect, per bucket, the keys demoted while the block runs (a snapshot lists flash meanwhile)."""
+        fresh: dict[str, list[str]] = {}
+        self._watchers.append(fresh)
+        try:
+            yield fresh
+        finally:
+            self._watchers.remove(fresh)
+
+    def _announce_demoted(self, obj: StoredObject) -> None:
+        for fresh in self._watchers:
+            fresh.setdefault(obj.bucket, []).append(obj.key)
+        bucket = self.store.buckets.get(obj.bucket)
+        if bucket is not None:
+            bucket.stats.demotions += 1
+        ref = BlockRef(obj.bucket, obj.tenant, obj.key, obj.size, obj.expires_at)
+        for listener in self.listeners:
+            listener(REMOVED, ref, "demoted")
+            listener(STORED, ref, None)
+
+    # ------------------------------------------------------------------ presence
+
+    def queued_object(self, bucket: str, key: str) -> StoredObject | None:
+        """The victim still waiting for its flash write at (bucket, key), if live."""
+        obj = self.demoting.get((bucket, key))
+        if obj is None or obj.expired(self.clock()):
+            return None
+        return obj
+
+    def holds(self, bucket: str, key: str) -> bool:
+        """Whether the flash tier has (or is writing) a live block at (bucket, key)."""
+        return self.queued_object(bucket, key) is not None or self.flash.lookup(bucket, key) is not None
+
+    def sizes(self, bucket: str, keys: Sequence[str]) -> list[int | None]:
+        """Per key the payload size of the flash tier's live block (queued or written), or None. No I/O."""
+        out: list[int | None] = [None] * len(keys)
+        if not self.flash_open:
+            return out
+        present, sizes = self.flash.present_many(bucket, keys)
+        for i, key in enumerate(keys):
+            queued = self.queued_object(bucket, key)
+            if queued is not None:
+                out[i] = queued.size
+            elif present[i]:
+                out[i] = int(sizes[i])
+        return out
+
+    # ------------------------------------------------------------------ changes that apply to both tiers
+
+    def forget(self, bucket: Bucket, keys: Iterable[str], reason: str | None) -> int:
+        """Keys deleted or overwritten: their flash copies (written or queued) go. ``reason``: announce each
+        block the flash tier held as removed (None: say nothing, e.g. an overwrite whose new version is
+        announced). Returns how many it held."""
+        keys = list(keys)
+        held: list[str] = []
+        for key in keys:
+            if self._unqueue((bucket.name, key)) is not None:
+                held.append(key)
+        if not self.flash_open:
+            return len(held)
+        if len(keys) == 1 and not held:  # every write asks about its key: the scalar probe, no arrays
+            entry = self.flash.lookup(bucket.name, keys[0])
+            if entry is None:
+                return 0
+        present, sizes = self.flash.present_many(bucket.name, keys)
+        on_flash = [k for k, p in zip(keys, present) if p]
+        if on_flash or held:
+            self.flash.delete_many(bucket.name, list(dict.fromkeys(held + on_flash)))
+        if reason is not None:
+            now = self.clock()
+            gone = dict.fromkeys(held + on_flash)
+            size_of = dict(zip(keys, (int(s) for s in sizes)))
+            for key in gone:
+                self._announce(REMOVED, BlockRef(bucket.name, bucket.owner, key, size_of.get(key, 0), now), reason)
+        return len(dict.fromkeys(held + on_flash))
+
+    def drop_bucket(self, name: str) -> int:
+        """A bucket deleted or flushed: every block of it on flash goes at once."""
+        for slot in [s for s in self.demoting if s[0] == name]:
+            self._unqueue(slot)
+        return self.flash.drop_bucket(name) if self.flash_open else 0
+
+    def live_blocks(self, name: str) -> int:
+        """Live blocks of a bucket on flash (queued writes included)."""
+        queued = sum(1 for (b, _) in self.demoting if b == name)
+        if not self.flash_open:
+            return queued
+        bstats = self.flash.stats().buckets.get(name)
+        return queued + (bstats.blocks if bstats is not None else 0)
+
+    def touch(self, bucket: str, keys: Sequence[str], expires_at: float) -> int:
+        """Extend flash-resident blocks' lives (never shortens); returns how many were live on flash."""
+        if not self.flash_open:
+            return 0
+        entries = self.flash.lookup_many(bucket, keys)
+        longer = [k for k, e in zip(keys, entries) if e is not None and e.expires_at < expires_at]
+        if longer:
+            self.flash.touch_many(bucket, longer, expires_at)
+        for key in keys:
+            queued = self.demoting.get((bucket, key))
+            if queued is not None and queued.expires_at < expires_at:
+                queued.expires_at = expires_at
+        return sum(e is not None for e in entries)
+
+    async def expire(self, bucket: Bucket, prefix: str) -> int:
+        """Operator verb: blocks under ``prefix`` on flash are expired now (announced as expired)."""
+        keys = await self.keys_under(bucket.name, prefix)
+        return self.forget(bucket, keys, "expired")
+
+    async def keys_under(self, name: str, prefix: str) -> list[str]:
+        """Every key of bucket ``name`` on flash (or queued for it) starting with ``prefix``."""
+        out = [k for (b, k) in self.demoting if b == name and k.startswith(prefix)]
+        if not self.flash_open:
+            return out
+        async for key in self.flash.iter_keys(name, start_after=prefix[:-1]):
+            if not key.startswith(prefix):
+                if key > prefix:
+                    break
+                continue
+            out.append(key)
+        return list(dict.fromkeys(out))
+
+    # ------------------------------------------------------------------ reads
+
+    async def read(self, bucket: Bucket, keys: Sequence[str], *, with_payload: bool = True
+                   ) -> list[StoredObject | None]:
+        """Flash-resident blocks of ``keys`` as objects (None: not on flash, expired, or failed verification),
+        read without blocking the loop. Not recorded as hits, not promoted: see :meth:`promote`."""
+        out: list[StoredObject | None] = [None] * len(keys)
+        wanted: list[int] = []
+        for i, key in enumerate(keys):
+            queued = self.queued_object(bucket.name, key)
+            if queued is not None:
+                out[i] = queued
+            else:
+                wanted.append(i)
+        if not wanted or not self.flash_open:
+            return out
+        names = [keys[i] for i in wanted]
+        blocks: Sequence[FlashMeta | FlashBlock | None]
+        if with_payload:
+            blocks = await self.flash.read_many(bucket.name, names)
+        else:
+            blocks = await self.flash.read_meta_many(bucket.name, names)
+        if self.store.buckets.get(bucket.name) is not bucket:  # deleted (and maybe re-created) meanwhile
+            return [None] * len(keys)
+        now = self.clock()
+        for i, block in zip(wanted, blocks):
+            if block is None or block.expires_at <= now:
+                continue
+            try:
+                out[i] = self._object(bucket, block)
+            except ValueError as exc:  # verified bytes we cannot decode: never serve them
+                log.warning("flash: %s/%s: %s; dropped", bucket.name, block.key, exc)
+                self.flash.delete(bucket.name, block.key)
+        return out
+
+    def _object(self, bucket: Bucket, block: FlashMeta) -> StoredObject:
+        etag, ctype, headers, user_meta, checksums, parts, ttl = decode_meta(block.metadata)
+        payload = block.payload if isinstance(block, FlashBlock) else memoryview(b"")
+        obj = StoredObject(bucket=bucket.name, key=block.key, data=payload, etag=etag, xxh3=block.xxh3,
+                           created=block.created, ttl=ttl, content_type=ctype, headers=headers,
+                           user_meta=user_meta, checksums=checksums, parts_count=parts, tenant=bucket.owner)
+        obj.size = block.size
+        obj.expires_at = block.expires_at
+        obj.live = False  # not in RAM's tables: a transient copy until promoted
+        obj.transient = True
+        obj.on_disk = True
+        return obj
+
+    def promote(self, bucket: Bucket, obj: StoredObject) -> bool:
+        """Copy a block read from flash into RAM (it stays on flash). False if RAM has no room for it or a
+        newer version arrived meanwhile; the caller then sends the transient copy."""
+        if not obj.transient or not self.config.disk_promote:
+            return False
+        current = bucket.objects.get(obj.key)
+        if current is not None and not current.expired(self.clock()):
+            return False
+        data = obj.data
+        if isinstance(data, memoryview) and data.nbytes != memoryview(data.obj).nbytes:
+            # A view into a coalesced read buffer: copy, so the rest of that buffer is not kept alive.
+            data = bytes(data)
+        obj.data = data
+        try:
+            self.store.admit(bucket, obj)
+        except errors.StorageError:
+            return False
+        obj.transient = False
+        bucket.stats.promotions += 1
+        return True
+
+    # ------------------------------------------------------------------ prefetch
+
+    def prefetch(self, bucket: Bucket, keys: Sequence[str]) -> int:
+        """Start promoting the flash-resident ``keys`` (not in RAM) into RAM; returns how many it will read.
+        Returns at once; the reads run in the background, bounded (``PREFETCH_TASKS`` at a time)."""
+        if not self.flash_open or not self.config.disk_promote:
+            return 0
+        now = self.clock()
+        todo = [k for k in keys if (o := bucket.objects.get(k)) is None or o.expired(now)]
+        present, _ = self.flash.present_many(bucket.name, todo)
+        todo = [k for k, p in zip(todo, present) if p]
+        if not todo or self._prefetching >= PREFETCH_TASKS:
+            return 0
+        self._prefetching += 1
+        self.counters.prefetches += len(todo)
+        task = asyncio.get_running_loop().create_task(self._prefetch(bucket, todo))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return len(todo)
+
+    async def _prefetch(self, bucket: Bucket, keys: list[str]) -> None:
+        try:
+            for start in range(0, len(keys), PREFETCH_KEYS):
+                for obj in await self.read(bucket, keys[start:start + PREFETCH_KEYS]):
+                    if obj is not None and obj.transient and not self.promote(bucket, obj):
+                        return  # RAM is full of what is pinned or being written: stop, the restore reads flash
+        except Exception:  # a prefetch is advisory: never let it fail loudly
+            log.exception("flash: prefetch of %d blocks of %s failed", len(keys), bucket.name)
+        finally:
+            self._prefetching -= 1
+
+    # ------------------------------------------------------------------ listing
+
+    async def list_page(self, name: str, start_after: str, limit: int) -> list[str]:
+        """Sorted flash keys of bucket ``name`` after ``start_after`` (queued ones included), at most ``limit``."""
+        keys = await self.flash.list_keys(name, start_after, limit) if self.flash_open else []
+        queued = [k for (b, k) in self.demoting if b == name and k > start_after]
+        if queued:
+            keys = sorted(set(keys) | set(queued))[:limit]
+        return keys
+
+    # ------------------------------------------------------------------ removals the flash store made
+
+    def _flash_removed(self, removals: list[Removal]) -> None:
+        now = self.clock()
+        for removal in removals:
+            bucket = self.store.buckets.get(removal.bucket)
+            if bucket is None:
+                continue
+            ram = bucket.objects.get(removal.key)
+            if ram is not None and not ram.expired(now):
+                ram.on_disk = False  # RAM still has it: no event; its next eviction writes it again
+                continue
+            if removal.reason == "evicted":
+                bucket.stats.evictions += 1
+            elif removal.reason == "expired":
+                bucket.stats.expirations += 1
+            self._announce(REMOVED, BlockRef(bucket.name, bucket.owner, removal.key, 0, now), removal.reason)
+
+    def _announce(self, kind: str, ref: BlockRef, reason: str | None) -> None:
+        for listener in self.listeners:
+            listener(kind, ref, reason)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        """The flash tier's levels and counters for the engine's stats document."""
+        s = self.flash.stats() if self.flash_open else FlashStats(capacity_bytes=self.config.disk_size)
+        report = self.recovery
+        return {
+            "disk_budget": s.capacity_bytes, "disk_used": s.disk_bytes, "disk_objects": s.blocks,
+            "disk_bytes": s.bytes, "disk_segments": s.segments, "disk_queued_bytes": self.queued,
+            "disk_index_bytes": s.index_bytes, "disk_degraded": int(s.degraded is not None),
+            "prefetches": self.counters.prefetches, "disk_bytes_read": s.device_bytes_read,
+            "disk_bytes_written": s.bytes_written, "disk_evictions": s.evicted, "disk_expirations": s.expired,
+            "disk_corrupt": s.corrupt, "disk_compactions": s.compactions,
+            "disk_degraded_reason": s.degraded,
+            "disk_recovery": None if report is None else {
+                "blocks": report.blocks, "bytes": report.bytes, "seconds": round(report.seconds, 3),
+                "discarded_records": report.discarded_records, "corrupt_segments": report.corrupt_segments,
+                "expired": report.expired, "reset": report.reset},
+            "disk_buckets": {name: (b.blocks, b.bytes) for name, b in s.buckets.items()},
+        }
+

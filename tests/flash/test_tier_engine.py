@@ -1,0 +1,498 @@
+"""The engine with a flash tier, in process: demotion of RAM's victims, verified reads, promotion, prefetch, and
+deletes, overwrites, TTLs, conditions, listing, buckets and restarts applied to both tiers.
+
+A real flash store on real files under tmp_path, driven through the engine's facade on one event loop; the
+clock is the test's (TTL tests move it instead of sleeping)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from flash_support import Clock, check_payload, make_payload
+
+from ctxstore_server.engine import Engine, EngineConfig, StoredObject, errors
+from ctxstore_server.engine import engine as engine_module
+
+T = TypeVar("T")
+KiB, MiB = 1 << 10, 1 << 20
+TENANT, OTHER, BUCKET = "t", "u", "b"
+BLOCK = 16 * KiB
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(make())  # type: ignore[arg-type]
+
+
+def config(tmp: Path, **overrides: Any) -> EngineConfig:
+    values: dict[str, Any] = dict(budget=512 * KiB, disk_path=str(tmp / "disk"), disk_size=8 * MiB,
+                                  disk_segment_size=256 * KiB, bucket_overhead=0, upload_overhead=0,
+                                  part_overhead=0, disk_min_ttl=1.0)
+    values.update(overrides)
+    return EngineConfig(**values)
+
+
+async def opened(tmp: Path, clock: Clock, **overrides: Any) -> Engine:
+    engine = Engine(config(tmp, **overrides), clock=clock)
+    await engine.open()
+    return engine
+
+
+async def settle(engine: Engine) -> None:
+    """Let queued demotions reach flash and their callbacks run."""
+    assert engine.tier is not None
+    for _ in range(3):
+        await asyncio.sleep(0)
+        await engine.tier.flash.flush()
+        await asyncio.sleep(0.01)
+
+
+def put(engine: Engine, key: str, version: int = 0, size: int = BLOCK, *, tenant: str = TENANT,
+        bucket: str = BUCKET, ttl: float | None = None) -> StoredObject:
+    data = make_payload(key, version, size)
+    return engine.put(tenant, bucket, key, data, etag=f'"{hashlib.md5(data).hexdigest()}"', ttl=ttl)
+
+
+def fill(engine: Engine, n: int, version: int = 0) -> list[str]:
+    keys = [f"k{i:04d}" for i in range(n)]
+    for key in keys:
+        put(engine, key, version)
+    return keys
+
+
+def on_flash(engine: Engine, key: str, bucket: str = BUCKET) -> bool:
+    assert engine.tier is not None
+    return engine.tier.flash.lookup(bucket, key) is not None
+
+
+def in_ram(engine: Engine, key: str, bucket: str = BUCKET) -> bool:
+    obj = engine.store.buckets[bucket].objects.get(key)
+    return obj is not None and obj.live
+
+
+# ---------------------------------------------------------------------------- demotion and reads
+
+
+def test_victims_are_demoted_and_every_block_reads_back_verified(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 96)  # 1.5 MiB of payload against a 512 KiB budget
+        await settle(engine)
+        stats = engine.stats()
+        assert stats["used"] <= stats["budget"]
+        assert stats["evictions"] == 0 and stats["demotions"] >= 96 - stats["objects"]
+        assert stats["disk_objects"] + stats["objects"] >= 96
+        for key in keys:
+            obj = await engine.fetch(TENANT, BUCKET, key)
+            assert check_payload(key, obj.data) == 0
+        stats = engine.stats()
+        assert stats["hits"] == 96 and stats["misses"] == 0
+        assert 0 < stats["disk_hits"] <= 96
+        assert stats["promotions"] > 0
+        await engine.close()
+
+    run(go)
+
+
+def test_a_victim_is_served_from_ram_until_its_flash_write_lands(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        assert engine.tier is not None
+        engine.create_bucket(TENANT, BUCKET)
+        fill(engine, 40)  # no await: the demotions are queued, not written
+        assert engine.tier.demoting, "expected victims waiting for their write"
+        waiting = next(iter(engine.tier.demoting.values()))
+        assert not on_flash(engine, waiting.key) and not in_ram(engine, waiting.key)
+        got = await engine.fetch_many(TENANT, BUCKET, [waiting.key])
+        assert got[0] is not None and check_payload(waiting.key, got[0].data) == 0
+        await settle(engine)
+        assert not engine.tier.demoting and engine.stats()["disk_queued_bytes"] == 0
+        await engine.close()
+
+    run(go)
+
+
+def test_a_full_demotion_queue_drops_victims_as_evictions(tmp_path: Path) -> None:
+    clock = Clock()
+    removed: list[tuple[str, str]] = []
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_queue=2 * BLOCK)
+        engine.subscribe(on_remove=lambda obj, reason: removed.append((obj.key, reason)))
+        engine.create_bucket(TENANT, BUCKET)
+        fill(engine, 60)  # all at once: the queue holds two blocks
+        await settle(engine)
+        stats = engine.stats()
+        assert stats["evictions"] > 0 and stats["demotions"] > 0
+        assert ("evicted" in {r for _, r in removed})
+        assert stats["disk_queued_bytes"] == 0
+        await engine.close()
+
+    run(go)
+
+
+def test_short_lived_victims_are_dropped_not_demoted(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_min_ttl=30.0)
+        engine.create_bucket(TENANT, BUCKET)
+        for i in range(60):
+            put(engine, f"s{i}", ttl=10.0)
+        await settle(engine)
+        stats = engine.stats()
+        assert stats["demotions"] == 0 and stats["evictions"] > 0 and stats["disk_objects"] == 0
+        await engine.close()
+
+    run(go)
+
+
+def test_a_promoted_block_goes_back_to_flash_without_being_written_again(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 64)
+        await settle(engine)
+        first = keys[0]
+        assert on_flash(engine, first) and not in_ram(engine, first)
+        await engine.fetch(TENANT, BUCKET, first)  # promoted
+        assert in_ram(engine, first)
+        written = engine.stats()["disk_bytes_written"]
+        for i in range(64, 128):  # push it out of RAM again
+            put(engine, f"k{i:04d}")
+        await settle(engine)
+        assert not in_ram(engine, first) and on_flash(engine, first)
+        extra = engine.stats()["disk_bytes_written"] - written
+        # 64 new blocks were written; the promoted one was not written a second time.
+        assert extra < 65 * BLOCK + 64 * 4096
+        assert check_payload(first, (await engine.fetch(TENANT, BUCKET, first)).data) == 0
+        await engine.close()
+
+    run(go)
+
+
+def test_without_promotion_flash_hits_are_sent_from_a_transient_buffer_counted_while_sent(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_promote=False)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 64)
+        await settle(engine)
+        used = engine.used
+        obj = await engine.fetch(TENANT, BUCKET, keys[0])
+        assert obj.transient and not in_ram(engine, keys[0])
+        release = engine.lease(obj)
+        assert engine.used == used + obj.charge and engine.sending_bytes >= obj.charge
+        release()
+        assert engine.used == used
+        await engine.close()
+
+    run(go)
+
+
+# ---------------------------------------------------------------------------- both tiers are one store
+
+
+def test_overwrite_and_delete_reach_the_flash_copy_and_stay_so_after_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 64)
+        await settle(engine)
+        replaced, deleted = keys[0], keys[1]
+        assert on_flash(engine, replaced) and on_flash(engine, deleted)
+        put(engine, replaced, version=1)
+        assert engine.delete(TENANT, BUCKET, deleted)
+        assert check_payload(replaced, (await engine.fetch(TENANT, BUCKET, replaced)).data) == 1
+        with pytest.raises(errors.NoSuchKey):
+            await engine.fetch(TENANT, BUCKET, deleted)
+        await engine.close()  # no spill: the new version lived in RAM only
+
+        again = await opened(tmp_path, clock)
+        with pytest.raises(errors.NoSuchKey):
+            await again.fetch(TENANT, BUCKET, deleted)
+        try:  # the new version is gone with RAM; the old one must not come back
+            got = await again.fetch(TENANT, BUCKET, replaced)
+            assert check_payload(replaced, got.data) == 1
+        except errors.NoSuchKey:
+            pass
+        await again.close()
+
+    run(go)
+
+
+def test_expiry_applies_on_flash_and_across_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        for i in range(40):
+            put(engine, f"short{i}", ttl=60.0)
+        for i in range(40):
+            put(engine, f"long{i}", ttl=3600.0)
+        await settle(engine)
+        assert on_flash(engine, "short0")
+        await engine.close(spill_seconds=5)
+        clock.t += 120  # the node was down for two minutes
+        again = await opened(tmp_path, clock)
+        for i in range(40):
+            with pytest.raises(errors.NoSuchKey):
+                await again.fetch(TENANT, BUCKET, f"short{i}")
+            assert check_payload(f"long{i}", (await again.fetch(TENANT, BUCKET, f"long{i}")).data) == 0
+        await again.close()
+
+    run(go)
+
+
+def test_touch_and_sliding_ttl_extend_flash_resident_blocks(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_promote=False)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = [f"t{i}" for i in range(48)]
+        for key in keys:
+            put(engine, key, ttl=100.0)
+        await settle(engine)
+        first = keys[0]
+        assert on_flash(engine, first) and not in_ram(engine, first)
+        assert engine.touch(TENANT, BUCKET, [first], ttl=1000.0) == 1
+        clock.t += 500
+        assert check_payload(first, (await engine.fetch(TENANT, BUCKET, first)).data) == 0
+        with pytest.raises(errors.NoSuchKey):
+            await engine.fetch(TENANT, BUCKET, keys[1])  # not touched: expired at 100 s
+        await engine.close()
+
+    run(go)
+
+
+def test_conditional_writes_see_flash_resident_objects(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 64)
+        await settle(engine)
+        key = keys[0]
+        assert on_flash(engine, key) and not in_ram(engine, key)
+        data = make_payload(key, 5, BLOCK)
+        with pytest.raises(errors.PreconditionFailed):
+            engine.put(TENANT, BUCKET, key, data, etag='"x"', if_none_match=True)
+        with pytest.raises(errors.InsufficientCapacity):  # its ETag is on flash: bring it in first
+            engine.put(TENANT, BUCKET, key, data, etag='"x"', if_match='"nope"')
+        await engine.resident(TENANT, BUCKET, key)
+        assert in_ram(engine, key)
+        with pytest.raises(errors.PreconditionFailed):
+            engine.put(TENANT, BUCKET, key, data, etag='"x"', if_match='"nope"')
+        etag = engine.store.buckets[BUCKET].objects[key].etag
+        engine.put(TENANT, BUCKET, key, data, etag='"x"', if_match=etag)
+        assert check_payload(key, (await engine.fetch(TENANT, BUCKET, key)).data) == 5
+        assert engine.exists(TENANT, BUCKET, keys[5])
+        await engine.close()
+
+    run(go)
+
+
+def test_listing_merges_both_tiers_in_order_once_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_module, "LIST_CHUNK", 7)  # many chunk boundaries
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 70)
+        await settle(engine)
+        await engine.fetch(TENANT, BUCKET, keys[3])  # promoted: in both tiers
+        listed = [o.key async for o in engine.list_objects(TENANT, BUCKET)]
+        assert listed == sorted(keys)
+        after = [o.key async for o in engine.list_objects(TENANT, BUCKET, keys[20], inclusive=False)]
+        assert after == sorted(keys)[21:]
+        sizes = {o.key: o.size async for o in engine.list_objects(TENANT, BUCKET, keys[10])}
+        assert set(sizes) == set(sorted(keys)[10:]) and set(sizes.values()) == {BLOCK}
+        await engine.close()
+
+    run(go)
+
+
+def test_locate_and_prefetch(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 64)
+        await settle(engine)
+        found = engine.locate(TENANT, BUCKET, keys + ["absent"])
+        assert found[-1] is None
+        tiers = {f[0] for f in found if f is not None}
+        assert tiers == {"ram", "disk"} and all(f is None or f[1] == BLOCK for f in found)
+        cold = [k for k, f in zip(keys, found) if f is not None and f[0] == "disk"][:8]
+        answer = engine.prefetch(TENANT, BUCKET, cold + ["absent"])
+        assert answer == {"ram": 0, "disk": 8, "missing": 1}
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if all(in_ram(engine, k) for k in cold):
+                break
+        assert all(in_ram(engine, k) for k in cold)
+        stats = engine.stats()
+        assert stats["prefetches"] == 8 and stats["promotions"] >= 8
+        await engine.close()
+
+    run(go)
+
+
+# ---------------------------------------------------------------------------- buckets, tenants, restarts
+
+
+def test_buckets_policies_and_quotas_come_back_and_dropped_buckets_stay_empty(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        engine.create_bucket(TENANT, "gone")
+        engine.set_bucket_policy(BUCKET, default_ttl=1234.0, sliding_ttl=True)
+        engine.set_tenant_quota(TENANT, 4 * MiB)
+        keys = fill(engine, 64)
+        for i in range(40):
+            put(engine, f"g{i}", bucket="gone")
+        await settle(engine)
+        with pytest.raises(errors.BucketNotEmpty):
+            engine.delete_bucket(TENANT, "gone")  # flash still holds its blocks
+        assert await engine.flush("gone") >= 40
+        engine.delete_bucket(TENANT, "gone")
+        await engine.close(spill_seconds=5)
+
+        again = await opened(tmp_path, clock)
+        bucket = again.store.buckets[BUCKET]
+        assert (bucket.owner, bucket.default_ttl, bucket.sliding_ttl) == (TENANT, 1234.0, True)
+        assert again.tenant_usage(TENANT)[0] == 4 * MiB
+        assert "gone" not in again.store.buckets
+        again.create_bucket(OTHER, "gone")  # another tenant takes the name: it sees nothing of the old one
+        assert [o async for o in again.list_objects(OTHER, "gone")] == []
+        with pytest.raises(errors.NoSuchKey):
+            await again.fetch(OTHER, "gone", "g0")
+        for key in keys:
+            assert check_payload(key, (await again.fetch(TENANT, BUCKET, key)).data) == 0
+        await again.close()
+
+    run(go)
+
+
+def test_a_clean_shutdown_spills_ram_so_a_restart_has_everything(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 20)  # fits in RAM: nothing demoted
+        await settle(engine)
+        assert engine.stats()["demotions"] == 0
+        assert await engine.close(spill_seconds=5) == 20
+        again = Engine(config(tmp_path), clock=clock)
+        seen: list[tuple[str, str, str | None]] = []
+        again.subscribe(on_disk=lambda kind, block, reason: seen.append((kind, block.key, reason)))
+        await again.open()
+        again.announce_recovered()  # what a router hears after the restart
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if len(seen) == 20:
+                break
+        assert sorted(seen) == sorted(("stored", k, None) for k in keys)
+        for key in keys:
+            assert check_payload(key, (await again.fetch(TENANT, BUCKET, key)).data) == 0
+        await again.close()
+
+    run(go)
+
+
+def test_a_tenant_with_a_quota_keeps_to_its_share_of_flash(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        # Budget 512 KiB, flash 8 MiB: a quota of 128 KiB (a quarter) may hold 2 MiB of flash.
+        engine = await opened(tmp_path, clock)
+        assert engine.tier is not None
+        engine.create_bucket(TENANT, BUCKET)
+        engine.create_bucket(OTHER, "theirs")
+        engine.set_tenant_quota(TENANT, 128 * KiB)
+        for i in range(300):  # 4.7 MiB through a 128 KiB quota
+            put(engine, f"q{i}")
+            if i % 50 == 0:
+                await settle(engine)
+                await engine.housekeep_disk()
+        await settle(engine)
+        await engine.housekeep_disk()
+        share = 128 * KiB * (8 * MiB) // (512 * KiB)
+        assert engine.tier.tenant_disk[TENANT] <= share + BLOCK
+        assert engine.stats()["evictions"] > 0  # beyond its share its victims were dropped
+        await engine.close()
+
+    run(go)
+
+
+def test_demotion_events_are_a_medium_change(tmp_path: Path) -> None:
+    clock = Clock()
+    disk: list[tuple[str, str, str | None]] = []
+    ram: list[tuple[str, str]] = []
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.subscribe(on_remove=lambda obj, reason: ram.append((obj.key, reason)),
+                         on_disk=lambda kind, block, reason: disk.append((kind, block.key, reason)))
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 64)
+        await settle(engine)
+        first = keys[0]
+        assert (first, "demoted") in ram
+        i = disk.index(("removed", first, "demoted"))
+        assert disk[i + 1] == ("stored", first, None)  # at once after it
+        engine.delete(TENANT, BUCKET, first)
+        assert disk[-1] == ("removed", first, "deleted")
+        await engine.close()
+
+    run(go)
+
+
+def test_a_corrupted_record_is_a_counted_miss_never_served(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_promote=False)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 64)
+        await settle(engine)
+        victim = next(k for k in keys if on_flash(engine, k) and not in_ram(engine, k))
+        assert engine.tier is not None
+        entry = engine.tier.flash.lookup(BUCKET, victim)
+        assert entry is not None
+        segment = tmp_path / "disk" / f"seg-{entry.segment:016x}.dat"
+        with segment.open("r+b") as f:  # one bit of the payload, in the middle
+            f.seek(entry.offset + entry.header_len + BLOCK // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0x01]))
+        with pytest.raises(errors.NoSuchKey):
+            await engine.fetch(TENANT, BUCKET, victim)
+        assert engine.stats()["disk_corrupt"] == 1
+        with pytest.raises(errors.NoSuchKey):  # dropped: still a miss
+            await engine.fetch(TENANT, BUCKET, victim)
+        await engine.close()
+
+    run(go)
