@@ -278,16 +278,34 @@ def test_page_shows_the_pod_moving_and_a_killed_node_as_down(pod3: list[Node], b
 
 @pytest.mark.skipif(not HAS_FLASH_TIER, reason="this node has no flash tier setting (`disk`) yet")
 def test_page_shows_the_flash_tier_when_a_node_has_one(tmp_path: Path, browser: Any) -> None:
-    nodes = start_pod(tmp_path, 2, "--memory", "2MiB", "--disk-size", "64MiB",
+    nodes = start_pod(tmp_path, 2, "--memory", "2MiB", "--disk-size", "64MiB", "--disk-segment-size", "8MiB",
                       per_node=lambda i: ["--disk", str(tmp_path / f"flash-{i}")])
     try:
         open_page(browser, f"{nodes[0].endpoint}{STATUS}#token={TOKEN}&interval=1")
         wait_for(lambda: value_of(browser, "nodes-up") == 2, what="two nodes up")
-        drive(nodes, "kv-pod-flash", prompts=16, blocks=8, seed=3)  # 8 MiB into 4 MiB of RAM: demotions
         wait_for(lambda: browser.find_element("id", "card-flash").is_displayed(), what="the flash card")
         assert value_of(browser, "disk-budget") == 2 * 64 * 1024 * 1024
+        drive(nodes, "kv-pod-flash", prompts=16, blocks=8, seed=3)  # 8 MiB into 4 MiB of RAM: demotions
         wait_for(lambda: (value_of(browser, "disk-objects") or 0) > 0, timeout=20, what="blocks on flash")
+        # Read the early prompts again: RAM no longer holds them, flash does.
+        drive(nodes, "kv-pod-flash", prompts=4, blocks=8, seed=3)
+        wait_for(lambda: (value_of(browser, "hit-ratio-flash") or 0) > 0, timeout=20, what="hits served from flash")
         assert "flash hits" in series_points(browser, "chart-hits")
+        assert {"from RAM", "from flash", "demoted to flash"} <= set(series_points(browser, "chart-evictions"))
+        wait_for(lambda: "MiB / 64.0 MiB" in (row_text(browser, f"127.0.0.1:{nodes[0].port}") or ""),
+                 what="the node's flash use in its row")
+        if os.environ.get("CTXSTORE_SCREENSHOTS"):  # the screenshot for the docs: half a minute of traffic
+            s3 = make_client(nodes[1].endpoint)
+            s3.create_bucket(Bucket="kv-pod-ttl")
+            waves(nodes, s3, seconds=30, seed=300)
+            drive(nodes, "kv-pod-waves", prompts=6, blocks=8, seed=300)  # the first waves, back from flash
+        shot = Path(os.environ.get("CTXSTORE_SCREENSHOTS") or tmp_path)
+        if not shot.is_absolute():
+            shot = REPO_ROOT / shot
+        shot.mkdir(parents=True, exist_ok=True)
+        full_page_screenshot(browser, shot / "status-pod-flash.png", width=1440)  # the flash columns are wide
+        errors = severe(browser)
+        assert not errors, f"console errors: {errors}"
     finally:
         for node in nodes:
             node.stop()
