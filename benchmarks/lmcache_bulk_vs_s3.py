@@ -1,9 +1,13 @@
 """LMCache retrieve from ctxstore: the bulk-API backend (``ctxstore.integrations.lmcache``) against LMCache's own S3
 connector on the same node's S3 endpoint (the path that works without ctxstore code).
 
-Command (results go in docs/benchmarks.md; LMCache comes from scripts/test's install):
+Command (results go in docs/benchmarks.md; LMCache comes from scripts/test's install, matplotlib from the
+``bench`` extra):
 
     .venv/bin/python benchmarks/lmcache_bulk_vs_s3.py          # --chunks 8 --rounds 7 --repeats 2 (defaults)
+
+Each run also writes a plot of its rounds, docs/img/lmcache_<chunks>x<MiB>.png, and their figures next to it
+(``.json``); ``--plot ''`` writes none.
 
 Setup: one ctxstore node (``--domain localhost``, so LMCache's virtual-hosted S3 requests name the bucket), two
 buckets, the same KV tensor (float32, 8 layers, 8 heads x 128, ``--chunks`` chunks of 256 tokens, 16 MiB
@@ -35,6 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.nodes import ACCESS_KEY, SECRET_KEY, make_client, start_node  # noqa: E402
 
 WORKER = ROOT / "tests" / "integrations" / "lmcache_bulk_worker.py"
+HELPERS = ROOT / "tests" / "integrations" / "lmcache_helpers"  # worker.py: private_hosts
 LAYERS, HEADS, HEAD = 8, 8, 128
 CHUNK = 256  # tokens per LMCache chunk (--chunk-tokens)
 DOMAIN = "localhost"
@@ -90,7 +95,10 @@ def worker(mode: str, config: Path, data: Path, hosts: list[str], rounds: int, l
         proc = subprocess.run([sys.executable, str(WORKER), mode, str(config), str(data), *hosts,
                                "--rounds", str(rounds)], stdout=out, stderr=subprocess.STDOUT, timeout=600,
                               env={**os.environ, "PYTHONHASHSEED": "0", "LMCACHE_TRACK_USAGE": "false",
-                                   "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY})
+                                   "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+                                   # the worker's private /etc/hosts helper (for the S3 connector's names)
+                                   "PYTHONPATH": os.pathsep.join(filter(None, [str(HELPERS),
+                                                                              os.environ.get("PYTHONPATH")]))})
     text = log.read_text()
     if proc.returncode:
         raise SystemExit(f"{mode} failed ({proc.returncode}):\n{text[-4000:]}")
@@ -104,6 +112,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--chunk-tokens", type=int, default=CHUNK)
+    parser.add_argument("--plot", default=None,
+                        help="PNG of the rounds [default docs/img/lmcache_<chunks>x<MiB>.png]; '' for none")
     args = parser.parse_args()
     CHUNK = args.chunk_tokens
     import torch
@@ -161,6 +171,37 @@ def main() -> None:
           f"{pctl(raw, 0.99) * 1e3:.1f} | {mib * 2**20 / med / 1e9:.2f} | |")
     speed = statistics.median(results["s3"]["total_s"]) / statistics.median(results["bulk"]["total_s"])
     print(f"\nbulk backend speed-up over S3 (ratio of medians): {speed:.2f}x")
+    path = args.plot if args.plot is not None else str(
+        ROOT / "docs" / "img" / f"lmcache_{args.chunks}x{chunk_bytes >> 20}MiB.png")
+    if path:
+        rows = {"chunks": args.chunks, "chunk_bytes": chunk_bytes, "load_average": os.getloadavg()[0],
+                "s3_total_s": results["s3"]["total_s"], "bulk_total_s": results["bulk"]["total_s"],
+                "s3_lookup_s": results["s3"]["lookup_s"], "bulk_lookup_s": results["bulk"]["lookup_s"],
+                "client_alone_s": raw}
+        Path(path).with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+        plot(rows, path)
+
+
+def plot(rows: dict, path: str) -> None:
+    """Every timed round of each path, as box plots on one time axis (ms)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mib = rows["chunks"] * rows["chunk_bytes"] / 2**20
+    fig, ax = plt.subplots(figsize=(7.2, 2.5))
+    labels = ["LMCache S3 connector", "LMCache bulk backend", "ctxstore client alone"]
+    data = [[t * 1e3 for t in rows[k]] for k in ("s3_total_s", "bulk_total_s", "client_alone_s")]
+    ax.boxplot(data, tick_labels=labels, orientation="horizontal")
+    ax.set_xlim(left=0)
+    ax.set_xlabel(f"ms per lookup + retrieve of {mib:.0f} MiB, {len(data[0])} rounds per backend")
+    fig.suptitle(f"LMCache retrieve from ctxstore: {rows['chunks']} chunks x {rows['chunk_bytes'] >> 20} MiB",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    print(f"# plot written to {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 Command (results go in docs/hardening.md, "Memory under load"):
 
     .venv/bin/python benchmarks/rss_mixed_load.py                # --memory 256MiB --seconds 120 --clients 12 --rounds 3
-    .venv/bin/python benchmarks/rss_mixed_load.py --plot rss.png # also a plot (needs matplotlib)
+
+It also writes the plot docs/hardening.md shows (RSS and ``used`` over time, every round:
+docs/img/rss_mixed_load.png; ``--plot ''`` for none; matplotlib comes with the ``bench`` extra).
 
 Why: operators size pods by RSS, the node accounts by ``--memory``; the two must stay close (SPEC §3: "the
 process's RSS stays close to the budget"). Target: RSS ≤ 1.1 × budget + the fixed base.
@@ -224,7 +226,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="load duration per round")
     parser.add_argument("--clients", type=int, default=12, help="concurrent connections")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--plot", help="write a PNG of RSS and used over time (needs matplotlib)")
+    parser.add_argument("--plot", default=str(Path(__file__).resolve().parent.parent / "docs" / "img" /
+                                              "rss_mixed_load.png"),
+                        help="PNG of RSS and used over time [default docs/img/rss_mixed_load.png]; '' for none")
     parser.add_argument("--json", help="write every round's figures and samples here")
     args = parser.parse_args()
     if (os.cpu_count() or 1) > 1:
@@ -268,9 +272,13 @@ def main() -> int:
         ax.axhline((1.1 * budget + med("base")) / MiB, color="r", lw=0.8, label="1.1 x budget + base")
         ax.set_xlabel("seconds")
         ax.set_ylabel("MiB")
-        ax.legend(fontsize=7)
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"node RSS and used under mixed load: --memory {args.memory}, {args.clients} clients, "
+                     f"load average {os.getloadavg()[0]:.1f}", fontsize=9)
+        ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        fig.savefig(args.plot, dpi=100, metadata={"Software": None})
+        print(f"# plot written to {args.plot}", file=sys.stderr)
     return 0
 
 

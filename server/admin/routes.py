@@ -23,6 +23,7 @@ from ..node import NodeState
 from ..settings import SETTINGS, parse_duration, parse_size
 from . import status
 from . import tenants as tenant_keys
+from .pod import PodView
 from .models import BucketPolicy, FlushRequest, SettingsUpdate, TenantCreate, TenantUpdate
 
 
@@ -116,6 +117,15 @@ def set_settings(node: Node, body: SettingsUpdate) -> dict[str, Any]:
     return {"settings": node.settings.as_dict(), **result}
 
 
+async def pod(request: Request) -> dict[str, Any]:
+    """Every node of the pod (the ``peers`` setting) with its tiers, counters and health, and the pod's totals:
+    what the status page shows (see :mod:`.pod`)."""
+    view: PodView | None = getattr(request.app.state, "pod_view", None)
+    if view is None:
+        view = request.app.state.pod_view = PodView(node_of(request))
+    return await view.snapshot()
+
+
 def status_page() -> Response:
     """The status page (see :mod:`.status`)."""
     try:
@@ -129,6 +139,7 @@ def status_page() -> Response:
 ROUTES: tuple[tuple[str, str, Callable[..., object], int], ...] = (
     ("GET", "/info", info, 200),
     ("GET", "/stats", stats, 200),
+    ("GET", "/pod", pod, 200),
     ("GET", "/buckets", buckets, 200),
     ("PUT", "/buckets/{bucket}/policy", set_policy, 200),
     ("GET", "/tenants", tenants, 200),

@@ -1,6 +1,7 @@
-"""The status page (GET /_ctx/v1/admin/status) in a real headless Chromium driven by selenium: it loads
-without the token but holds none, shows the node's numbers, follows S3 traffic, reports a wrong token in the
-page, and logs no console errors."""
+"""The status page (GET /_ctx/v1/admin/status) of one node without peers, in a real headless Chromium driven by
+selenium: it loads without the token but holds none, shows the node's numbers, follows S3 traffic, reports a
+wrong token in the page, and logs no console errors. The pod view (peers, a node going down) is
+test_status_pod.py."""
 
 from __future__ import annotations
 
@@ -10,24 +11,20 @@ import secrets
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support import browser as browser_support
+from support.browser import open_page, row_cells, severe, text_of, value_of, wait_for
 from support.nodes import Node, make_client, start_node
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 TOKEN = "status-page-token-" + secrets.token_hex(8)
 STATUS = "/_ctx/v1/admin/status"
 
-pytestmark = pytest.mark.skipif(
-    not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
-    reason=f"headless Chromium not installed ({CHROMIUM}, {CHROMEDRIVER}); CI installs the chromium and "
-           "chromium-driver packages (.ci/run)",
-)
+pytestmark = pytest.mark.skipif(not browser_support.available(), reason=browser_support.MISSING)
 
 
 @pytest.fixture(scope="module")
@@ -41,41 +38,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--window-size=1280,1000", f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(15)
+    driver = browser_support.start(tmp_path_factory.mktemp("chromium-profile"))
     yield driver
     driver.quit()
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 10, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def value_of(driver: Any, element_id: str) -> float | None:
-    raw = driver.find_element("id", element_id).get_attribute("data-value")
-    return float(raw) if raw not in (None, "") else None
-
-
-def text_of(driver: Any, element_id: str) -> str:
-    return driver.find_element("id", element_id).text
 
 
 def admin_stats(node: Node) -> dict[str, Any]:
@@ -83,16 +48,6 @@ def admin_stats(node: Node) -> dict[str, Any]:
                                      headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=5) as resp:
         return json.load(resp)
-
-
-def open_page(driver: Any, url: str) -> None:
-    driver.get("about:blank")  # a fresh document (a fragment-only change would not reload)
-    driver.get_log("browser")  # drop earlier console lines
-    driver.get(url)
-
-
-def severe(driver: Any) -> list[dict[str, Any]]:
-    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
 def test_page_loads_without_token_and_holds_none(node: Node) -> None:
@@ -143,12 +98,20 @@ def test_page_shows_the_numbers_and_follows_traffic(node: Node, browser: Any, tm
     stats = admin_stats(node)
     assert value_of(browser, "used") == stats["used"]
     assert value_of(browser, "evictions-total") == stats["evictions"]
-    row = browser.find_element("css selector", 'tr[data-bucket="kv-status-page"]')
-    assert row.find_elements("tag name", "td")[0].text == "kv-status-page"
-    assert float(row.find_elements("tag name", "td")[1].get_attribute("data-value")) == stats["objects"]
-    # The traffic left a line in the sparklines.
-    assert browser.find_elements("css selector", "#spark-traffic path")
-    assert browser.find_elements("css selector", "#spark-evictions path")
+    cells = row_cells(browser, 'tr[data-bucket="kv-status-page"]')
+    assert cells[0]["text"] == "kv-status-page"
+    assert float(cells[2]["value"] or "nan") == stats["buckets"]["kv-status-page"]["objects"]
+    # Without peers the page shows this node alone, and says so.
+    assert "No peers configured" in text_of(browser, "pod-source")
+    assert value_of(browser, "nodes-up") == 1
+    assert len(browser.find_elements("css selector", "#nodes tbody tr[data-status=up]")) == 1
+    # The traffic left lines in the charts (a node without a flash tier shows no flash series).
+    wait_for(lambda: float(browser.find_element("id", "chart-requests").get_attribute("data-points") or 0) >= 2,
+             what="points in the requests chart")
+    assert browser.find_elements("css selector", "#chart-requests path.series")
+    assert browser.find_elements("css selector", "#chart-evictions path.series")
+    assert not browser.find_elements("css selector", '#chart-hits path[data-series="flash hits"]')
+    assert not browser.find_element("id", "card-flash").is_displayed()
     assert "%" in text_of(browser, "hit-ratio")
 
     shot = tmp_path / "status-page.png"
@@ -194,7 +157,8 @@ def test_node_down_is_shown_in_the_page(tmp_path: Path, browser: Any) -> None:
         open_page(browser, f"{victim.endpoint}{STATUS}#token={TOKEN}&interval=1")
         wait_for(lambda: value_of(browser, "budget"), what="the first stats sample")
         victim.stop()
-        wait_for(lambda: "Cannot reach the node" in text_of(browser, "notice"), what="the unreachable error")
+        wait_for(lambda: "Cannot reach the node that serves this page" in text_of(browser, "notice"),
+             what="the unreachable error")
         wait_for(lambda: text_of(browser, "live") == "down", what="the live badge to turn down")
     finally:
         victim.stop()

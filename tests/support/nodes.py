@@ -55,8 +55,8 @@ class Node:
 
 def start_node(tmp: Path, *args: str, env: dict[str, str] | None = None, scheme: str = "http",
                wait: bool = True, port: int | None = None) -> Node:
-    """Start ``ctxstore serve`` on a free loopback port (or ``port``: a restart where clients know the node)
-    and wait until it answers."""
+    """Start ``ctxstore serve`` on a free loopback port (or ``port``: a restart where clients know the node, nodes
+    that must know each other's addresses before they start) and wait until it answers."""
     port = port or free_port()
     log = tmp / f"node-{port}.log"
     full_env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
