@@ -254,8 +254,11 @@ def test_a_real_prometheus_evaluates_every_query(node: Node, tmp_path: Path) -> 
         # Load between scrapes, until rates over 1m windows have several samples.
         while True:
             traffic(node)
-            answer = prom_query(port, 'count_over_time(ctxstore_up{job="ctxstore"}[1m])') if proc.poll() is None \
-                else {}
+            try:  # Prometheus takes a moment to open its port: refused until then
+                answer = prom_query(port, 'count_over_time(ctxstore_up{job="ctxstore"}[1m])') \
+                    if proc.poll() is None else {}
+            except urllib.error.URLError:
+                answer = {}
             samples = answer.get("data", {}).get("result", [])
             if samples and float(samples[0]["value"][1]) >= 6:
                 break

@@ -12,6 +12,9 @@ random-weight Llama the test makes on the spot (transformers + tokenizers, nothi
   nothing; then one node, behind a fault-injecting proxy, corrupts a block, hangs, and is SIGKILLed during B's
   loads: B still answers, recomputing, with the same tokens.
 
+The pod's nodes have a flash tier that takes every block straight to flash (``--disk-direct-size 1``), so B's
+lookups find the prefix on flash and the connector's prefetch has the nodes bring it into RAM ahead of the load.
+
 This test process never imports vLLM or torch.
 """
 
@@ -33,6 +36,8 @@ from typing import Any
 
 import pytest
 from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
+from support.nodes import wait_ready
+from support.probes import Admin, start_probed_node, wait_until
 
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "vllm_driver.py"
@@ -223,6 +228,21 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
+    """Three nodes whose blocks all go straight to their flash tier."""
+    tmp = tmp_path_factory.mktemp("flash-pod")
+    nodes = [start_probed_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", "--disk", str(tmp / f"disk{i}"),
+                               "--disk-size", "256MiB", "--disk-direct-size", "1", wait=False) for i in range(3)]
+    try:
+        for node in nodes:
+            wait_ready(node)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
 @pytest.fixture
 def proxied_pod(pod: list[Node]) -> Iterator[tuple[list[str], FaultProxy]]:
     proxy = FaultProxy(pod[2].port)
@@ -276,7 +296,9 @@ def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxie
         assert sum(placed) == PROMPT_BLOCKS, placed  # 16 blocks of the prompt, no partial block, no duplicate
         a.kill()
 
-        # B, a fresh process: the prefix is loaded from ctxstore, only the rest is computed.
+        # B, a fresh process: the prefix is loaded from ctxstore, only the rest is computed. The blocks are on
+        # the nodes' flash tiers: B's lookup is followed by a prefetch of the matched prefix.
+        assert sum(Admin(n).stats()["disk_objects"] for n in pod) >= PROMPT_BLOCKS
         got = b.generate(request)
         assert got["tokens"] == expected
         assert got["metrics"]["ctxstore_hit_tokens"] == PROMPT_BLOCKS * BLOCK
@@ -284,6 +306,8 @@ def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxie
         assert got["metrics"]["ctxstore_loaded_blocks"] == PROMPT_BLOCKS
         assert got["metrics"]["ctxstore_load_errors"] == 0
         assert got["num_cached_tokens"] == PROMPT_BLOCKS * BLOCK
+        assert wait_until(lambda: sum(Admin(n).stats()["prefetches"] for n in pod) >= PROMPT_BLOCKS), \
+            "the connector did not prefetch the matched prefix from flash"
 
         # Two tenants (cache_salt) with the same prompt share nothing, and each finds its own blocks.
         before = got
