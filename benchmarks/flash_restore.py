@@ -17,12 +17,16 @@ The node runs pinned to core 0, this client (the ctxstore client, as a worker us
   right after; (c) **RAM**: a node without a flash tier. The device's ceiling for the same bytes and block
   size: ``dd if=<128 MiB file> of=/dev/null bs=64K|1M iflag=direct``, in the same rounds, interleaved.
 - **Demotion**: ``--demote-mib`` of 1 MiB blocks saved (bulk, calls of 8 MiB) into a node with 64 MiB of RAM,
-  so nearly everything is demoted: time until every block is on flash (``disk_queued_bytes`` 0 and
-  ``disk_objects`` = blocks), against the same save into a node whose RAM holds it all, and against
+  so nearly everything is demoted: time until nothing waits for a write (``disk_queued_bytes`` 0) and every
+  block is in RAM, on flash, or dropped (a victim that finds the demotion queue full is evicted, as without a
+  flash tier; the count is reported), against the same save into a node whose RAM holds it all, and against
   ``dd if=/dev/zero of=<file> bs=1M count=<MiB> oflag=direct``.
 - **Restart** (``--rebuild N``): N blocks of 256 bytes saved straight to flash, the node stopped with SIGKILL
   and started again: the time from the process start until it answers ready, the index rebuild it reports
-  (``disk_recovery.seconds``), and the node's RSS with those blocks on flash minus an empty node's, per block.
+  (``disk_recovery.seconds``), and the node's RSS with those blocks on flash minus an empty node's, per block,
+  once settled (the recovered blocks are announced as events: the ring of the last ``--events-buffer`` events
+  is full then, a fixed cost); then the same restart with ``--events-buffer 1``. ``--rounds 0 --demote-mib 0``
+  runs this part alone.
 
 Reported: median and p99 (nearest rank) of each, GB/s = bytes / median time (10^9 bytes per GB), and the
 ratio to the ceiling in the same run (ratio of medians; in parentheses the median of per-round ratios).
@@ -136,6 +140,18 @@ class Node:
             time.sleep(0.01)
         raise RuntimeError(f"{blocks} blocks not on flash after {timeout} s: {self.stats()}")
 
+    def wait_settled(self, blocks: int, timeout: float = 600) -> float:
+        """Seconds until nothing waits for a write and each of ``blocks`` saved is in RAM, on flash or dropped
+        (a victim that found the demotion queue full is evicted, as without a flash tier)."""
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.stats()
+            if s["disk_queued_bytes"] == 0 and s["disk_objects"] + s["objects"] + s["evictions"] >= blocks:
+                return time.perf_counter() - t0
+            time.sleep(0.01)
+        raise RuntimeError(f"{blocks} blocks not settled after {timeout} s: {self.stats()}")
+
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
@@ -223,7 +239,7 @@ def demote_bench(base: Path, mib: int, procs: Processes, out: dict[str, Any]) ->
             t0 = time.perf_counter()
             saved = ns.save(tokens, blocks)
             if name == "demote":
-                node.wait_on_flash(n - 64)  # what RAM keeps (64 MiB) need not be on flash
+                node.wait_settled(n)  # what RAM keeps (64 MiB) need not be on flash
             results[name] = time.perf_counter() - t0
             assert saved.stored == n, saved
             if name == "demote":
@@ -262,19 +278,39 @@ def rebuild_bench(base: Path, blocks: int, procs: Processes, out: dict[str, Any]
     drop_caches()
     node.argv = [a for a in node.argv if a not in ("--disk-reset", "true")]
     node.start()
-    time.sleep(1)
+    node_rss = settled_rss(node.proc.pid)  # once the recovered blocks' events are out
     s = node.stats()
     out["rebuild"] = {"blocks": blocks, "ready_after": node.ready_after, "recovery": s["disk_recovery"],
-                      "rss_per_block": (rss(node.proc.pid) - empty_rss) / blocks,
+                      "rss_per_block": (node_rss - empty_rss) / blocks,
                       "index_per_block": s["disk_index_bytes"] / blocks, "recovered": s["disk_objects"]}
+    # The same restart without the event ring (a fixed cost: the last --events-buffer events, 100,000 by
+    # default, whatever the number of blocks), to tell the per-block cost from it.
+    node.kill()
+    node.argv = [*node.argv, "--events-buffer", "1"]
+    node.start()
+    out["rebuild"]["rss_per_block_no_ring"] = (settled_rss(node.proc.pid) - empty_rss) / blocks
     procs.stop()
+
+
+def settled_rss(pid: int, timeout: float = 60) -> int:
+    """The process's RSS once it has not moved by more than 1 % for a second."""
+    deadline = time.monotonic() + timeout
+    last = rss(pid)
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        now = rss(pid)
+        if abs(now - last) <= last // 100:
+            return now
+        last = now
+    return last
 
 
 def report(out: dict[str, Any]) -> None:
     print(f"# {today()} · {source_state()} · busy before the run: {out['busy']}")
-    print("\n## Restore of 128 MiB (one Namespace.restore; node on core 0, client on core 1)\n")
-    print("| shape | from | median | p99 | GB/s | ÷ device ceiling (dd O_DIRECT) |")
-    print("|---|---|---:|---:|---:|---:|")
+    if out["restore"]:
+        print("\n## Restore of 128 MiB (one Namespace.restore; node on core 0, client on core 1)\n")
+        print("| shape | from | median | p99 | GB/s | ÷ device ceiling (dd O_DIRECT) |")
+        print("|---|---|---:|---:|---:|---:|")
     for label, times in out["restore"].items():
         dd = times["dd"]
         dd_med = stats(dd)[0]
@@ -293,7 +329,7 @@ def report(out: dict[str, Any]) -> None:
         print(f"\n## Demotion: {d['mib']} × 1 MiB saved into 64 MiB of RAM\n")
         print("| what | seconds | GB/s | ÷ dd write ceiling |")
         print("|---|---:|---:|---:|")
-        for key, name in (("demote", "save until all but RAM's share are on flash"),
+        for key, name in (("demote", "save until all but RAM's share are on flash (or dropped)"),
                           ("ram", "the same save into RAM only"), ("dd", "dd bs=1M oflag=direct")):
             print(f"| {name} | {d[key]:.2f} | {nbytes / d[key] / GB:.2f} | {d['dd'] / d[key]:.2f} |")
         print(f"\n{d['demoted']} blocks demoted, {d['dropped']} dropped (queue full).")
@@ -303,7 +339,8 @@ def report(out: dict[str, Any]) -> None:
         print(f"\n## Restart with {r['blocks']:,} blocks on flash (SIGKILL, page cache dropped)\n")
         print(f"- ready after {r['ready_after']:.2f} s (process start to readiness); index rebuild "
               f"{rec['seconds']:.2f} s; {r['recovered']:,} blocks recovered")
-        print(f"- RAM per flash-resident block: {r['rss_per_block']:.0f} B of RSS over an empty node; "
+        print(f"- RAM per flash-resident block: {r['rss_per_block']:.0f} B of RSS over an empty node with the "
+              f"event ring full (100,000 events), {r['rss_per_block_no_ring']:.0f} B without the ring; "
               f"index arrays {r['index_per_block']:.0f} B")
 
 
@@ -344,7 +381,8 @@ def main() -> int:
     out: dict[str, Any] = {"busy": busy_cores(), "restore": {}, "restore_cpu": {}}
     procs = Processes()
     try:
-        restore_bench(base, args.rounds, procs, out)
+        if args.rounds:
+            restore_bench(base, args.rounds, procs, out)
         if args.demote_mib:
             demote_bench(base, args.demote_mib, procs, out)
         if args.rebuild:
@@ -355,7 +393,8 @@ def main() -> int:
     out.pop("restore_cpu")
     args.json.write_text(json.dumps(out, indent=1))
     report(out)
-    plot(out)
+    if out["restore"]:
+        plot(out)
     return 0
 
 

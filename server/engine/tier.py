@@ -200,14 +200,11 @@ class FlashTier:
     async def _announce_recovered(self) -> None:
         try:
             for name in list(self.store.buckets):
-                batch: list[str] = []
-                async for key in self.flash.iter_keys(name):
-                    batch.append(key)
-                    if len(batch) >= PREFETCH_KEYS:
-                        self._announce_present(name, batch)
-                        batch = []
+                # A segment's keys at a time: a sorted listing of every key would hold ~80 B per block.
+                async for keys in self.flash.keys_by_segment(name):
+                    for i in range(0, len(keys), PREFETCH_KEYS):
+                        self._announce_present(name, keys[i:i + PREFETCH_KEYS])
                         await asyncio.sleep(0)
-                self._announce_present(name, batch)
         except Exception:  # advisory: a router that misses them sees misses, never wrong blocks
             log.exception("flash: announcing the recovered blocks failed")
 

@@ -25,6 +25,7 @@ small pool of reader threads)::
     store.touch(bucket, key, expires_at) / touch_many(...) # index only
     await store.list_keys(bucket, start_after, limit)      # sorted, from the segment footers
     store.iter_keys(bucket, start_after)                   # async iterator over the same
+    store.keys_by_segment(bucket)                          # async iterator: one segment's keys at a time
     store.buckets(); store.contains(bucket, key); store.stats() -> FlashStats; store.degraded
     await store.save_manifest(dict)                        # atomic replace + fsync
     await store.housekeep() -> HousekeepReport             # bounded: expiry, eviction, compaction

@@ -55,6 +55,7 @@ from .writer import OpenedSegment, Pending, SpaceAccount, Writer, Written
 log = logging.getLogger("ctxstore.flash")
 
 MiB = 1 << 20
+LIST_CACHE_IDLE = 30.0  # seconds without a listing call after which the sorted key list is let go
 RemoveListener = Callable[[list[Removal]], None]
 DoneCallback = Callable[[list[WriteResult]], None]
 
@@ -179,7 +180,10 @@ class FlashStore:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._idle = asyncio.Event()
         self._inflight = 0  # records queued or being written
+        # The sorted keys of the last bucket listed, and when they were last used: paging through a quiet bucket
+        # costs one scan, and housekeep() lets go of them (a key is ~80 bytes of RAM) once nobody pages.
         self._list_cache: tuple[str, int, list[str]] | None = None
+        self._list_cache_used = 0.0
         self._bucket_version: dict[int, int] = {}
 
     # ================================================================================ lifecycle
@@ -741,6 +745,7 @@ class FlashStore:
             return []
         version = self._bucket_version.get(bid, 0)
         cached = self._list_cache
+        self._list_cache_used = self.clock()
         if cached is not None and cached[0] == bucket and cached[1] == version:
             keys = cached[2]
         else:
@@ -760,18 +765,30 @@ class FlashStore:
                 return
             start_after = keys[-1]
 
-    async def _scan_keys(self, bid: int) -> list[str]:
+    async def keys_by_segment(self, bucket: str) -> AsyncIterator[list[str]]:
+        """Live keys of ``bucket``, one segment's at a time, in no order: for a walk over every key (such as
+        announcing what a restart recovered) that should hold no more than one segment's keys at once."""
+        bid = self._buckets.get(bucket)
+        if bid is not None:
+            async for keys in self._segment_keys(bid):
+                yield keys
+
+    async def _segment_keys(self, bid: int) -> AsyncIterator[list[str]]:
         idx = self.index
         rows = np.flatnonzero((idx.bkt[:idx._high] == bid) & (idx.seg[:idx._high] != 0xFFFFFFFF)
                               & (idx.exp[:idx._high] > self.clock()))
-        found: list[str] = []
         for sid in np.unique(idx.seg[rows]).tolist():
             seg = self._segs.get(sid)
             if seg is None:
                 continue
             srows = rows[idx.seg[rows] == sid]
             names = await self._keys_at(seg, srows)
-            found.extend(bk[1] for bk in names.values() if bk[0] == self._bucket_names[bid])
+            yield [bk[1] for bk in names.values() if bk[0] == self._bucket_names[bid]]
+
+    async def _scan_keys(self, bid: int) -> list[str]:
+        found: list[str] = []
+        async for keys in self._segment_keys(bid):
+            found.extend(keys)
         found.sort()
         return found
 
@@ -813,6 +830,8 @@ class FlashStore:
             return rep
         self._check_directory()
         now = self.clock()
+        if self._list_cache is not None and now - self._list_cache_used > LIST_CACHE_IDLE:
+            self._list_cache = None
         idx = self.index
         # 1. expired entries, and with them whole segments
         hi = idx._high
