@@ -180,8 +180,9 @@ def test_without_rich_it_says_what_to_install_and_json_still_works(pod: list[Nod
 
 
 def test_ctrl_c_stops_it_and_it_still_cleans_up(pod: list[Node]) -> None:
+    # PYTHONFAULTHANDLER: should it ever hang after Ctrl-C, SIGABRT makes it print where each thread is.
     env = {**os.environ, "CTXSTORE_NODES": ",".join(f"127.0.0.1:{n.port}" for n in pod),
-           "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY}
+           "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([COMMAND, "bench", "--namespace", "bench-int", "--ops", "save", "--count", "1000000",
                              "--duration", "60s", "--blocks", "2", "--block-size", "4KiB", "--json"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -191,9 +192,15 @@ def test_ctrl_c_stops_it_and_it_still_cleans_up(pod: list[Node]) -> None:
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=45)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, stderr = proc.communicate(timeout=15)
+            pytest.fail(f"ctxstore bench still running 45 s after Ctrl-C:\n{stderr[-6000:]}")
     finally:
         proc.kill()
+        proc.communicate()
     assert proc.returncode == 130, stderr
     report = json.loads(stdout)
     assert report["interrupted"] and report["operations"][0]["stopped_by"] == "interrupted"
