@@ -185,7 +185,10 @@ def test_ctrl_c_stops_it_and_it_still_cleans_up(pod: list[Node]) -> None:
            "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY, "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([COMMAND, "bench", "--namespace", "bench-int", "--ops", "save", "--count", "1000000",
                              "--duration", "60s", "--blocks", "2", "--block-size", "4KiB", "--json"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # As a terminal's Ctrl-C finds it: a suite run in the background of a shell inherits
+                            # SIGINT ignored, and Python then leaves it ignored.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         while not any(bucket_on(n, "bench-int") for n in pod):  # wait until it writes
