@@ -129,28 +129,19 @@ class Node:
             data: dict[str, Any] = json.load(resp)
             return data
 
-    def wait_on_flash(self, blocks: int, timeout: float = 600) -> float:
-        """Seconds until ``blocks`` are on flash and nothing waits for a write."""
+    def wait_on_flash(self, blocks: int, *, settled: bool = False, timeout: float = 600) -> float:
+        """Seconds until nothing waits for a write and ``blocks`` are on flash; with ``settled``, until each of
+        ``blocks`` saved is in RAM, on flash or dropped (a victim that found the demotion queue full is evicted,
+        as without a flash tier)."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             s = self.stats()
-            if s["disk_queued_bytes"] == 0 and s["disk_objects"] >= blocks:
+            placed = s["disk_objects"] + (s["objects"] + s["evictions"] if settled else 0)
+            if s["disk_queued_bytes"] == 0 and placed >= blocks:
                 return time.perf_counter() - t0
             time.sleep(0.01)
         raise RuntimeError(f"{blocks} blocks not on flash after {timeout} s: {self.stats()}")
-
-    def wait_settled(self, blocks: int, timeout: float = 600) -> float:
-        """Seconds until nothing waits for a write and each of ``blocks`` saved is in RAM, on flash or dropped
-        (a victim that found the demotion queue full is evicted, as without a flash tier)."""
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            s = self.stats()
-            if s["disk_queued_bytes"] == 0 and s["disk_objects"] + s["objects"] + s["evictions"] >= blocks:
-                return time.perf_counter() - t0
-            time.sleep(0.01)
-        raise RuntimeError(f"{blocks} blocks not settled after {timeout} s: {self.stats()}")
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
@@ -239,7 +230,7 @@ def demote_bench(base: Path, mib: int, procs: Processes, out: dict[str, Any]) ->
             t0 = time.perf_counter()
             saved = ns.save(tokens, blocks)
             if name == "demote":
-                node.wait_settled(n)  # what RAM keeps (64 MiB) need not be on flash
+                node.wait_on_flash(n, settled=True)  # what RAM keeps (64 MiB) need not be on flash
             results[name] = time.perf_counter() - t0
             assert saved.stored == n, saved
             if name == "demote":
