@@ -20,6 +20,7 @@ from support.nodes import (  # noqa: F401  (re-exported for test modules)
     Node,
     free_port,
     make_client,
+    serving,
     start_node,
     wait_ready,
 )
@@ -70,11 +71,5 @@ def bucket(s3) -> Iterator[str]:
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
     """Three nodes on loopback ports (a pod), shared by a test module."""
     tmp = tmp_path_factory.mktemp("pod")
-    nodes = [start_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", wait=False) for _ in range(3)]
-    try:
-        for node in nodes:
-            wait_ready(node)
+    with serving([start_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", wait=False) for _ in range(3)]) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
-from support.nodes import wait_ready
+from support.nodes import serving
 from support.probes import Admin, start_probed_node, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -232,15 +232,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Node]]:
     """Three nodes whose blocks all go straight to their flash tier."""
     tmp = tmp_path_factory.mktemp("flash-pod")
-    nodes = [start_probed_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", "--disk", str(tmp / f"disk{i}"),
-                               "--disk-size", "256MiB", "--disk-direct-size", "1", wait=False) for i in range(3)]
-    try:
-        for node in nodes:
-            wait_ready(node)
+    with serving([start_probed_node(tmp, "--memory", "256MiB", "--default-ttl", "1h", "--disk", str(tmp / f"disk{i}"),
+                                    "--disk-size", "256MiB", "--disk-direct-size", "1", wait=False)
+                  for i in range(3)]) as nodes:
         yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 @pytest.fixture

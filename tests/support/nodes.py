@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +86,18 @@ def wait_ready(node: Node, timeout: float = 20) -> None:
             time.sleep(0.05)
     node.stop()
     raise RuntimeError("ctxstore did not become ready")
+
+
+@contextmanager
+def serving(nodes: list[Node]) -> Iterator[list[Node]]:
+    """Nodes started with ``wait=False``: wait until each is ready, stop them all when done (a pod fixture)."""
+    try:
+        for node in nodes:
+            wait_ready(node)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
 
 
 def make_client(endpoint: str, access: str = ACCESS_KEY, secret: str = SECRET_KEY, **config: object):
