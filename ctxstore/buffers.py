@@ -92,6 +92,14 @@ class Destinations:
             self._arena = byte_view(out, writable=True)
             self._slot = len(self._arena) // n_blocks if n_blocks else 0
 
+    def capacity(self, index: int) -> int | None:
+        """The most bytes block ``index`` can take, or None when new memory is allocated for it."""
+        if self._per_block is not None:
+            return len(self._per_block[index])
+        if self._arena is not None:
+            return self._slot
+        return None
+
     def view(self, index: int, size: int) -> Target | None:
         """A writable view of exactly ``size`` bytes for block ``index``, or None if it cannot hold it."""
         if self._per_block is not None:

@@ -55,6 +55,10 @@ class Limits:
 
     keys_per_call: int = 8192
     bytes_per_call: int = 64 << 20  # well under any sane node budget: a call must fit whole
+    #: A restore expecting more than this from one node goes as several calls of about this size, sent at
+    #: once on their own connections: the node reads one from its flash tier while it sends another (a
+    #: 128 MiB restore from flash ran ~1.4x faster as 4 calls; from RAM the same, within noise).
+    bytes_per_get: int = 32 << 20
 
 
 @dataclass
@@ -292,8 +296,25 @@ class AsyncContextStore:
                 received += len(view)
             self.metrics.count("bytes_in", received)
 
-        await self._fan_out(one, keys)
+        await self._fan_out(one, keys, split=lambda idx: self._get_batches(idx, destinations))
         return views
+
+    def _get_batches(self, idx: list[int], destinations: Destinations) -> list[list[int]]:
+        """``idx`` in runs of at most ``bytes_per_get`` bytes of destination (one run when new memory is
+        allocated: the sizes are not known before the answer)."""
+        limit = self.limits.bytes_per_get
+        batches: list[list[int]] = [[]]
+        size = 0
+        for i in idx:
+            n = destinations.capacity(i)
+            if n is None:
+                return [idx]
+            if batches[-1] and size + n > limit:
+                batches.append([])
+                size = 0
+            batches[-1].append(i)
+            size += n
+        return batches
 
     async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
                        ttl: float | None = None, if_absent: bool = True) -> SaveResult:
@@ -364,7 +385,8 @@ class AsyncContextStore:
             self._resolved_at = time.monotonic()
             self._resolving = None
 
-    async def _fan_out(self, one: Any, keys: Sequence[str]) -> None:
+    async def _fan_out(self, one: Any, keys: Sequence[str],
+                       split: Callable[[list[int]], list[list[int]]] | None = None) -> None:
         self._maybe_refresh_membership()
         work: list[tuple[Node, list[int]]] = []
         for node, idx in self.pod.group(keys).items():
@@ -373,7 +395,8 @@ class AsyncContextStore:
                 if self.strict:
                     raise NodeUnavailable(node.name, "marked down")
                 continue
-            work += [(node, chunk) for chunk in self._chunks(idx)]
+            chunks = self._chunks(idx)
+            work += [(node, part) for chunk in chunks for part in (split(chunk) if split else [chunk])]
         await _gather_all([one(node, chunk) for node, chunk in work])
 
     def metrics_snapshot(self) -> dict[str, object]:

@@ -114,6 +114,7 @@ class FlashTier:
             self.flash = FlashStore(
                 config.disk_path, config.disk_size, segment_bytes=config.disk_segment_size,
                 queue_bytes=self.queue_limit, readers=config.disk_readers, clock=clock,
+                read_buffer_bytes=min(1 << 30, config.budget // 8),
                 on_remove=self._flash_removed,
             )
         except ValueError as exc:
@@ -129,7 +130,7 @@ class FlashTier:
         self.counters = TierCounters()
         self.recovery: RecoveryReport | None = None
         self.tenant_disk: dict[str, int] = {}  # payload bytes per tenant on flash, refreshed by housekeep()
-        self.index_charged = 0  # the flash index's RAM, as last charged to the budget
+        self.index_charged = 0  # the flash index's and read buffers' RAM, as last charged to the budget
         self._prefetching = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._manifest_task: asyncio.Task[None] | None = None
@@ -223,13 +224,14 @@ class FlashTier:
         self.refresh(self.flash.stats())
 
     def refresh(self, stats: FlashStats) -> None:
-        """Bring the tenants' flash shares and the index's charge up to date (the index lives in RAM: it
-        counts against ``--memory`` like the records of buckets and uploads)."""
+        """Bring the tenants' flash shares and the charge of the index and the kept read buffers up to date
+        (both live in RAM: they count against ``--memory`` like the records of buckets and uploads)."""
         self._refresh_shares(stats)
-        delta = stats.index_bytes - self.index_charged
+        held = stats.index_bytes + stats.buffer_bytes
+        delta = held - self.index_charged
         if delta:
             self.store.budget.charge(NODE_STATE, delta, "state")
-            self.index_charged = stats.index_bytes
+            self.index_charged = held
 
     def _refresh_shares(self, stats: FlashStats) -> None:
         shares: dict[str, int] = {}

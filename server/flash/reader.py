@@ -1,8 +1,11 @@
 """Reads, run on a small pool of threads: one ``preadv`` per coalesced run, then verification.
 
-Measured on this kind of VM: buffered reads of a cold file ran at ~1.5 GB/s where O_DIRECT reads of 1 MiB
-ran at ~0.84 GB/s (the kernel's 8 MiB readahead overlaps the device with the copy), so reads go through the
-page cache. Buffers come from ``numpy.empty`` (no zero-fill: the kernel's copy is the first touch).
+Segment files are read with O_DIRECT where the file system allows it, into page-aligned buffers that are
+kept for the next read (:class:`ReadBuffers`). Measured through a node pinned to one core (docs/benchmarks.md,
+"Flash tier through a node"): a restore of 128 MiB from the page cache cost the node ~135 ms of CPU, ~30 of
+them copying out of the page cache and ~30 faulting in and zeroing fresh buffers; with the page cache dropped
+~185 ms (the cache's own pages too), so the node's core, not the device, was the bound. O_DIRECT into reused
+buffers costs neither: the device writes straight into memory that is already mapped.
 
 A record is returned only if its header checksum (salted per segment), lengths, bucket and key match what
 the index expected and its payload hashes to the XXH3-64 in its header. Anything else is a ``CORRUPT`` (the
@@ -12,13 +15,16 @@ stays).
 
 from __future__ import annotations
 
+import mmap
 import os
+import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
-from .format import FormatError, RecordHeader, parse_record_header
+from .format import BLOCK, FormatError, RecordHeader, parse_record_header
 
 OK, CORRUPT, MISMATCH, IO_FAILED = 0, 1, 2, 3
 
@@ -42,6 +48,68 @@ class ReadOutcome:
     detail: str = ""
 
 
+HUGE_PAGE = 2 << 20
+MIN_POOLED = 256 << 10  # smaller reads take memory the allocator reuses anyway; no pool needed
+
+
+def aligned_array(n: int) -> np.ndarray:
+    """``n`` bytes starting on a :data:`BLOCK` boundary (what O_DIRECT needs), from the allocator."""
+    raw = np.empty(n + BLOCK, np.uint8)
+    start = -raw.ctypes.data % BLOCK
+    return raw[start:start + n]
+
+
+class ReadBuffers:
+    """Page-aligned read buffers in power-of-two sizes, handed back for reuse when the last view of one is
+    gone (the payloads a reply is still sending keep theirs), and kept up to ``retain_bytes`` in all.
+
+    A fresh buffer costs a page fault and a zeroed page per 4 KiB on first touch; a kept one costs nothing.
+    Reads under :data:`MIN_POOLED` use :func:`aligned_array`. Thread-safe: reader threads take buffers, and a
+    buffer comes back on whichever thread drops its last view."""
+
+    def __init__(self, retain_bytes: int) -> None:
+        self.retain_bytes = retain_bytes
+        self.retained = 0  # bytes of the kept buffers
+        self.fresh = 0  # buffers made because none was kept (a measure of the pool's size)
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        """A writable, page-aligned array of at least ``n`` bytes."""
+        if n < MIN_POOLED:
+            return aligned_array(n)
+        size = 1 << (n - 1).bit_length()
+        chunk = None
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                chunk = free.pop()
+                self.retained -= size
+        if chunk is None:
+            # Private: a shared anonymous map is shmem, whose page lookups cost O_DIRECT ~10 % of the node's CPU.
+            chunk = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if size >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+                chunk.madvise(mmap.MADV_HUGEPAGE)  # fewer faults and page-table walks per read
+            self.fresh += 1
+        arr = np.frombuffer(chunk, np.uint8)
+        # The array is this use's handle: every payload view refers to it, so it dies with the last of them.
+        weakref.finalize(arr, self._give_back, chunk)
+        return arr
+
+    def _give_back(self, chunk: mmap.mmap) -> None:
+        size = len(chunk)
+        with self._lock:
+            if self.retained + size <= self.retain_bytes:
+                self._free.setdefault(size, []).append(chunk)
+                self.retained += size
+        # otherwise the chunk is unmapped once the dying array has released it
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self.retained = 0
+
+
 def plan_runs(items: list[ReadItem], with_payload: bool, max_gap: int, max_run: int) -> list[list[ReadItem]]:
     """Group items of one segment (sorted by offset) into runs read with one call each."""
     runs: list[list[ReadItem]] = []
@@ -59,15 +127,17 @@ def plan_runs(items: list[ReadItem], with_payload: bool, max_gap: int, max_run: 
 
 
 def read_run(fd: int, salt: int, run: list[ReadItem], with_payload: bool,
-             check_key: bool = True) -> tuple[list[ReadOutcome], int]:
+             check_key: bool = True, buffers: ReadBuffers | None = None) -> tuple[list[ReadOutcome], int]:
     """Read one run and verify each record in it. Returns the outcomes and the bytes read from the file.
 
-    ``check_key=False`` (compaction, listing) accepts whatever key the verified header holds."""
-    start = run[0].offset
+    The read covers whole :data:`BLOCK` s (``fd`` may be opened with O_DIRECT); the buffer comes from
+    ``buffers`` when given. ``check_key=False`` (compaction, listing) accepts whatever key the verified
+    header holds."""
+    start = run[0].offset // BLOCK * BLOCK
     stop = max(it.offset + it.header_len + (it.payload_len if with_payload else 0) for it in run)
-    length = stop - start
-    buf = np.empty(length, np.uint8)
-    view = buf.data  # a writable memoryview of the array
+    length = -(-stop // BLOCK) * BLOCK - start
+    buf = buffers.take(length) if buffers is not None else aligned_array(length)
+    view = buf.data[:length]  # a writable memoryview of the array
     got = 0
     try:
         while got < length:
@@ -75,6 +145,8 @@ def read_run(fd: int, salt: int, run: list[ReadItem], with_payload: bool,
             if n == 0:
                 break
             got += n
+            if got % BLOCK:  # a short read that is not block-aligned can only be the end of the file
+                break
     except OSError as e:
         return [ReadOutcome(it.pos, IO_FAILED, detail=str(e)) for it in run], got
     out = []

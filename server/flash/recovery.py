@@ -23,6 +23,7 @@ import numpy as np
 from .format import FOOTER_ENTRY, FormatError, SegmentHeader
 from .segments import (
     list_segment_files,
+    open_reader,
     read_footer_index,
     read_header,
     read_trailer,
@@ -77,7 +78,9 @@ def wipe(directory: Path) -> None:
         (directory / name).unlink(missing_ok=True)
 
 
-def recover(directory: Path, now: float) -> Recovered:
+def recover(directory: Path, now: float, direct: bool = True) -> Recovered:
+    """The index, buckets and manifest of ``directory`` as its files hold them; each kept segment comes back
+    open for reading (with O_DIRECT if ``direct`` and the file system allows it)."""
     t0 = time.perf_counter()
     report = RecoveryReport()
     manifest, floors, bad_state = load_state(directory)
@@ -94,7 +97,7 @@ def recover(directory: Path, now: float) -> Recovered:
     next_segment = 0
     for sid, path in list_segment_files(directory):
         next_segment = max(next_segment, sid + 1)
-        seg, buckets, entries = _load_segment(path, sid, report)
+        seg, buckets, entries = _load_segment(path, sid, report, direct)
         if seg is None:
             continue
         kept.append(seg)
@@ -169,7 +172,7 @@ def recover(directory: Path, now: float) -> Recovered:
     )
 
 
-def _load_segment(path: Path, sid: int, report: RecoveryReport
+def _load_segment(path: Path, sid: int, report: RecoveryReport, direct: bool
                   ) -> tuple[RecoveredSegment | None, list[str], np.ndarray]:
     empty = np.zeros(0, FOOTER_ENTRY)
     try:
@@ -210,7 +213,7 @@ def _load_segment(path: Path, sid: int, report: RecoveryReport
                     size = seal_scanned(fd, header, scanned)
                 except OSError as e2:
                     log.warning("flash: could not seal %s after the scan: %s", path, e2)
-        rfd = os.open(path, os.O_RDONLY)
+        rfd = open_reader(path, direct)
         os.close(fd)
         return RecoveredSegment(sid, path, rfd, header, size), buckets, entries
     except OSError as e:

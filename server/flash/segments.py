@@ -6,6 +6,8 @@ writer thread (sealing) and by housekeeping (reading the keys of a segment it re
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from .format import (
     parse_record_header,
     unpack_footer_index,
 )
+from .reader import aligned_array
 
 _NAME = re.compile(r"^seg-([0-9a-f]{16})\.dat$")
 
@@ -48,20 +51,46 @@ def list_segment_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def open_reader(path: Path, direct: bool) -> int:
+    """A descriptor for reading a segment: with O_DIRECT if ``direct`` and the file system takes it (reads
+    then bypass the page cache), else buffered."""
+    if direct:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+    return os.open(path, os.O_RDONLY)
+
+
 def pread_exact(fd: int, length: int, offset: int) -> bytearray:
-    """``length`` bytes at ``offset``, fewer only at the end of the file."""
+    """``length`` bytes at ``offset``, fewer only at the end of the file. ``fd`` may be opened with O_DIRECT
+    (:func:`open_reader`): whole aligned blocks are read then."""
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+        start = offset // BLOCK * BLOCK
+        span = -(-(offset + length) // BLOCK) * BLOCK - start
+        arr = aligned_array(span)
+        got = _pread_into(fd, arr.data, start)
+        rel = offset - start
+        return bytearray(arr.data[rel:max(rel, min(got, rel + length))])
     buf = bytearray(length)
-    view = memoryview(buf)
-    got = 0
-    while got < length:
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n == 0:
-            break
-        got += n
-    del view
+    got = _pread_into(fd, memoryview(buf), offset)
     if got < length:
         del buf[got:]
     return buf
+
+
+def _pread_into(fd: int, view: memoryview, offset: int) -> int:
+    got = 0
+    with view:
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
+            if got % BLOCK:  # short and unaligned: the end of the file
+                break
+    return got
 
 
 def read_header(fd: int) -> SegmentHeader:

@@ -27,7 +27,7 @@ from . import reader as rd
 from .format import BLOCK, FOOTER_ENTRY, MAX_BUCKET, MAX_KEY, TRAILER, bucket_seed, fingerprint, record_size
 from .index import HOT, FlashIndex
 from .recovery import Recovered, recover, wipe
-from .segments import read_footer_index, read_footer_keys, read_trailer
+from .segments import open_reader, read_footer_index, read_footer_keys, read_trailer
 from .state import dead_keys, encode_state
 from .types import (
     ALREADY_EXPIRED,
@@ -118,6 +118,7 @@ class FlashStore:
         readers: int = 4,
         max_read_bytes: int = 8 * MiB,
         read_gap: int = 256 * 1024,
+        read_buffer_bytes: int = 64 * MiB,
         window_divisor: float = 16.0,
         min_window: int = 64,
         compact_below: float = 0.5,
@@ -144,6 +145,7 @@ class FlashStore:
         self.readers = readers
         self.max_read_bytes = max_read_bytes
         self.read_gap = read_gap
+        self._buffers = rd.ReadBuffers(read_buffer_bytes)  # kept between reads (RAM: see stats().buffer_bytes)
         self.window_divisor = window_divisor
         self.min_window = min_window
         self.compact_below = compact_below
@@ -198,7 +200,7 @@ class FlashStore:
         _raise_fd_limit(self.capacity_bytes // self.segment_bytes + 256)  # one read descriptor per segment
         if reset:
             await loop.run_in_executor(None, wipe, self.path)
-        rec = await loop.run_in_executor(None, recover, self.path, self.clock())
+        rec = await loop.run_in_executor(None, recover, self.path, self.clock(), self.direct_io)
         self._install(rec)
         rec.release_arrays()
         _trim_heap()  # recovery's temporaries were several times the index: give them back to the OS
@@ -262,6 +264,7 @@ class FlashStore:
         for seg in self._segs.values():
             _close_quietly(seg.rfd)
         self._segs.clear()
+        self._buffers.clear()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -373,7 +376,7 @@ class FlashStore:
 
     def _on_opened(self, o: OpenedSegment) -> None:
         try:
-            rfd = os.open(o.path, os.O_RDONLY)
+            rfd = open_reader(o.path, self.direct_io)
         except OSError as e:
             self._set_degraded(f"open for reading: {e}")
             rfd = -1
@@ -654,7 +657,8 @@ class FlashStore:
             seg = self._segs[sid]  # rows never outlive their segment
             for run in rd.plan_runs(items, with_payload, gap, self.max_read_bytes):
                 seg.readers += 1
-                fut = loop.run_in_executor(self._pool, rd.read_run, seg.rfd, seg.salt, run, with_payload)
+                fut = loop.run_in_executor(self._pool, rd.read_run, seg.rfd, seg.salt, run, with_payload, True,
+                                           self._buffers)
                 fut.add_done_callback(functools.partial(self._release_after, seg))
                 futures.append((seg, run, fut))
         done = await asyncio.gather(*(f for _s, _r, f in futures), return_exceptions=True)
@@ -970,7 +974,7 @@ class FlashStore:
             seg.readers += 1
             try:
                 outcomes, n = await self._loop.run_in_executor(self._pool, rd.read_run, seg.rfd, seg.salt, run,
-                                                               True, False)
+                                                               True, False, self._buffers)
             finally:
                 self._release(seg)
             self._stats.device_bytes_read += n
@@ -1108,6 +1112,7 @@ class FlashStore:
         s.open_segments = sum(1 for x in self._segs.values() if not x.sealed)
         s.disk_bytes = self._space.used
         s.index_bytes = idx.nbytes()
+        s.buffer_bytes = self._buffers.retained
         s.queued_bytes = self._writer.queued_bytes if self._writer is not None else 0
         s.degraded = self._degraded
         s.buckets = {}

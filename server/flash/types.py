@@ -148,6 +148,7 @@ class FlashStats:
     disk_bytes: int = 0  # charged against capacity: sealed file sizes + reserved open segments + manifest
     capacity_bytes: int = 0
     index_bytes: int = 0  # RAM of the index arrays
+    buffer_bytes: int = 0  # RAM of the read buffers kept for reuse
     queued_bytes: int = 0  # waiting in the write queue
     reads: int = 0
     misses: int = 0

@@ -398,6 +398,25 @@ def test_small_client_limits_split_calls(pod: list[Node]) -> None:
         assert latency["put"]["count"] >= 10  # at most two blocks per put  # type: ignore[index]
 
 
+def test_a_large_restore_goes_as_several_calls_into_the_same_buffer(pod: list[Node]) -> None:
+    limits = Limits(bytes_per_get=3 * BLOCK)  # 20 blocks over the pod: several gets per node
+    with ContextStore(endpoints(pod), access_key=ACCESS_KEY, secret_key=SECRET_KEY, limits=limits) as split:
+        ns = split.namespace(new_bucket(), model="m", block_size=BS)
+        tokens = tokens_for(20, seed=15)
+        blocks = blocks_for(20, seed=15)
+        assert ns.save(tokens, blocks).stored == 20
+        out = bytearray(20 * BLOCK)
+        got = ns.restore(tokens, out=out)
+        assert got.n_blocks == 20 and bytes(out) == b"".join(blocks)
+        per_block = [bytearray(BLOCK) for _ in range(20)]
+        assert ns.restore(tokens, out=per_block).n_blocks == 20
+        assert [bytes(b) for b in per_block] == blocks
+        gets = split.metrics_snapshot()["latency"]["get"]["count"]  # type: ignore[index]
+        assert gets >= 2 * 20 // 3  # at most three blocks per get, twice
+        assert ns.restore(tokens).n_blocks == 20  # new memory: sizes unknown, one get per node
+        assert split.metrics_snapshot()["latency"]["get"]["count"] <= gets + len(pod)  # type: ignore[index]
+
+
 # ---------------------------------------------------------------------------- sync / async parity
 
 _PAIRS = {"aclose": "close", "__aenter__": "__enter__", "__aexit__": "__exit__"}

@@ -104,6 +104,33 @@ def test_victims_are_demoted_and_every_block_reads_back_verified(tmp_path: Path)
     run(go)
 
 
+def test_read_buffers_kept_for_the_next_flash_read_are_charged_to_the_budget(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        # Every block straight to flash, never promoted: each fetch reads flash.
+        engine = await opened(tmp_path, clock, budget=16 * MiB, disk_size=64 * MiB, disk_segment_size=4 * MiB,
+                              disk_direct_size=1, disk_promote=False)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 96)  # 1.5 MiB of 16 KiB blocks, adjacent on flash: one run, a 2 MiB buffer
+        await settle(engine)
+        assert engine.stats()["objects"] == 0
+        await engine.housekeep_disk()
+        before = engine.state_bytes
+        got = await engine.fetch_many(TENANT, BUCKET, keys)
+        assert [check_payload(k, o.data) if o else None for k, o in zip(keys, got)] == [0] * 96
+        del got
+        await asyncio.sleep(0)
+        assert engine.tier is not None
+        kept = engine.tier.flash.stats().buffer_bytes
+        assert 0 < kept <= 2 * MiB  # an eighth of the budget at most
+        await engine.housekeep_disk()
+        assert engine.state_bytes == before + kept
+        await engine.close()
+
+    run(go)
+
+
 def test_a_victim_is_served_from_ram_until_its_flash_write_lands(tmp_path: Path) -> None:
     clock = Clock()
 
