@@ -122,9 +122,7 @@ class App:
                 try:
                     # What waits for flash is written, then what only RAM holds (bounded by the drain timeout),
                     # so a restart comes back with it; the segments are sealed.
-                    spilled = await self.engine.close(spill_seconds=self.node.settings.drain_timeout)
-                    if spilled:
-                        log.info("flash tier: %d blocks written from RAM at shutdown", spilled)
+                    await self.engine.close(spill_seconds=self.node.settings.drain_timeout)
                 except Exception:
                     log.exception("closing the flash tier failed")
                 await self.events.stop()

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -161,12 +162,18 @@ class FlashTier:
         return spilled
 
     async def _spill(self, deadline: float) -> int:
+        """Write what only RAM holds, in batches of a quarter of the demotion queue with up to three in
+        flight (the writer copies one while the device takes another), until done or past ``deadline`` (the
+        batches appended by then are written: at most three quarters of the queue)."""
         if not self.flash_open:
             return 0
+        t0 = time.monotonic()
         now = self.clock()
-        spilled = 0
+        spilled = spilled_bytes = 0
+        in_flight: deque[asyncio.Future[tuple[int, int]]] = deque()
         batch: list[FlashRecord] = []
         size = 0
+        stopped = False
         for bucket in list(self.store.buckets.values()):
             for obj in list(bucket.objects.values()):
                 if obj.expired(now) or (obj.on_disk and self.flash.lookup(obj.bucket, obj.key) is not None):
@@ -176,20 +183,42 @@ class FlashTier:
                 batch.append(FlashRecord(obj.bucket, obj.key, obj.data, obj.expires_at, obj.created,
                                          encode_meta(obj), obj.xxh3))
                 size += obj.size
-                if size >= self.queue_limit // 2:
-                    spilled += await self._spill_batch(batch)
+                if size >= self.queue_limit // 4:
+                    in_flight.append(self._spill_batch(batch))
                     batch, size = [], 0
+                    if len(in_flight) >= 3:
+                        n, nbytes = await in_flight.popleft()
+                        spilled, spilled_bytes = spilled + n, spilled_bytes + nbytes
                     if time.monotonic() > deadline or self.flash.degraded is not None:
-                        log.warning("flash: shutdown spill stopped after %d blocks (time or device)", spilled)
-                        return spilled
-        return spilled + await self._spill_batch(batch)
+                        stopped = True
+                        break
+            if stopped:
+                break
+        if not stopped:
+            in_flight.append(self._spill_batch(batch))
+        for fut in in_flight:
+            n, nbytes = await fut
+            spilled, spilled_bytes = spilled + n, spilled_bytes + nbytes
+        seconds = time.monotonic() - t0
+        if stopped:
+            log.warning("flash: shutdown spill stopped after %d blocks (time or device)", spilled)
+        elif spilled:
+            log.info("flash: %d blocks (%.1f MiB) written from RAM at shutdown in %.2f s", spilled,
+                     spilled_bytes / (1 << 20), seconds)
+        return spilled
 
-    async def _spill_batch(self, batch: list[FlashRecord]) -> int:
-        if not batch:
-            return 0
-        accepted = sum(r is None for r in self.flash.append(batch))
-        await self.flash.flush()
-        return accepted
+    def _spill_batch(self, batch: list[FlashRecord]) -> asyncio.Future[tuple[int, int]]:
+        """Append ``batch``; the future gives the blocks and payload bytes stored once all are written."""
+        fut: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+
+        def written(results: list[WriteResult]) -> None:
+            stored = [r for r in results if r.stored]
+            if not fut.done():
+                fut.set_result((len(stored), sum(len(r.record.payload) for r in stored)))
+
+        if not batch or all(reason is not None for reason in self.flash.append(batch, written)):
+            fut.set_result((0, 0))
+        return fut
 
     def announce_recovered(self) -> None:
         """After a restart: a ``stored`` event (disk medium) for every block recovered, in the background, so

@@ -452,6 +452,34 @@ def test_a_clean_shutdown_spills_ram_so_a_restart_has_everything(tmp_path: Path)
     run(go)
 
 
+@pytest.mark.parametrize("seconds", [30.0, 1e-9])
+def test_a_shutdown_spill_of_many_batches_keeps_to_its_deadline(tmp_path: Path, seconds: float) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        # 16 MiB of RAM: batches of 2 MiB (a quarter of the 8 MiB demotion queue), up to three in flight.
+        engine = await opened(tmp_path, clock, budget=16 * MiB, disk_size=64 * MiB, disk_segment_size=4 * MiB)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 384)  # 6 MiB, all in RAM: three batches
+        assert engine.stats()["disk_objects"] == 0
+        spilled = await engine.close(spill_seconds=seconds)
+        again = await opened(tmp_path, clock, budget=16 * MiB, disk_size=64 * MiB, disk_segment_size=4 * MiB)
+        assert again.stats()["disk_objects"] == spilled
+        if seconds > 1:
+            assert spilled == 384
+        else:  # past the deadline after the first batch: what it wrote, no more, and no wait
+            assert 0 < spilled < 384
+        for key in keys:
+            try:
+                obj = await again.fetch(TENANT, BUCKET, key)
+            except errors.NoSuchKey:
+                continue
+            assert check_payload(key, obj.data) == 0
+        await again.close()
+
+    run(go)
+
+
 def test_a_tenant_with_a_quota_keeps_to_its_share_of_flash(tmp_path: Path) -> None:
     clock = Clock()
 

@@ -431,7 +431,7 @@ def test_a_restarted_node_gives_a_client_in_another_process_its_blocks_back(tmp_
     else:
         assert Admin(node).stats()["disk_objects"] == 0  # all in RAM until the shutdown
         node.stop()
-        assert "written from RAM at shutdown" in log_text(node)
+        assert "200 blocks (12.5 MiB) written from RAM at shutdown in" in log_text(node)
     node = restart(node, tmp_path, *args)
     try:
         assert "recovered 200 blocks" in log_text(node)
