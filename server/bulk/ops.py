@@ -23,13 +23,15 @@ def frame_reply(frame: bytes, payloads: Sequence[bytes | bytearray | memoryview]
 async def lookup(call: BulkCall) -> Reply:
     """Per-key sizes and the present prefix; ``pin`` pins every present block, not only the prefix."""
     request = await call.keys_request("lookup")
-    found = call.engine.locate(call.tenant, call.bucket, request.keys)
-    sizes = [wire.ABSENT if f is None else f[1] for f in found]
-    tiers = [wire.TIER_ABSENT if f is None else (wire.TIER_RAM if f[0] == "ram" else wire.TIER_DISK) for f in found]
+    sizes, tiers = call.engine.locate(call.tenant, call.bucket, request.keys)
+    codes = None if tiers is None else list(map(_TIER_CODES.__getitem__, tiers))
     if request.pin:
-        keys = [key for key, f in zip(request.keys, found, strict=True) if f is not None]
+        keys = [key for key, size in zip(request.keys, sizes, strict=True) if size >= 0]
         call.engine.pin(call.tenant, call.bucket, keys, request.pin)
-    return frame_reply(wire.encode_lookup_response(wire.LookupResponse(wire.prefix_length(sizes), sizes, tiers)))
+    return frame_reply(wire.encode_lookup_response(wire.LookupResponse(wire.prefix_length(sizes), sizes, codes)))
+
+
+_TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}
 
 
 async def get(call: BulkCall) -> Reply:

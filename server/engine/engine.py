@@ -279,31 +279,30 @@ class Engine:
         """Live objects in RAM for many keys (None where absent); counts hits and misses, touches LRU."""
         return self.store.lookup(tenant, bucket_name, keys)
 
-    def locate(self, tenant: str, bucket_name: str, keys: list[str]) -> list[tuple[str, int] | None]:
-        """Per key (tier, payload size) of the live block, RAM first (``ram`` or ``disk``), or None. Counts
-        hits (and flash hits) and misses, touches LRU. No I/O: the flash tier answers from its index."""
-        found: list[tuple[str, int] | None] = []
+    def locate(self, tenant: str, bucket_name: str, keys: list[str]) -> tuple[list[int], list[str | None] | None]:
+        """Per key the live block's payload size (-1 where absent) and its tier (``ram``, ``disk`` or None),
+        RAM first; the tiers are None on a node without a flash tier (every present block is in RAM). Counts
+        hits (and flash hits) and misses, touches LRU. No I/O: the flash tier answers from its index. Flat
+        lists, not a tuple per key: a lookup of 8192 keys is on the hot path."""
         bucket = self.store.bucket(tenant, bucket_name)
         tier = self.tier
         ram = self.store.lookup(tenant, bucket_name, keys, count_misses=tier is None)
+        sizes = [-1 if o is None else o.size for o in ram]
         if tier is None:
-            return [None if o is None else (RAM, o.size) for o in ram]
-        absent = [k for k, o in zip(keys, ram) if o is None]
-        sizes = iter(tier.sizes(bucket.name, absent) if absent else [])
+            return sizes, None
+        if -1 not in sizes:
+            return sizes, [RAM] * len(sizes)
+        tiers: list[str | None] = [None if o is None else RAM for o in ram]
+        absent = [i for i, size in enumerate(sizes) if size < 0]
         stats = bucket.stats
-        for obj in ram:
-            if obj is not None:
-                found.append((RAM, obj.size))
-                continue
-            size = next(sizes)
+        for i, size in zip(absent, tier.sizes(bucket.name, [keys[i] for i in absent])):
             if size is None:
                 stats.misses += 1
-                found.append(None)
             else:
                 stats.hits += 1
                 stats.disk_hits += 1
-                found.append((DISK, size))
-        return found
+                sizes[i], tiers[i] = size, DISK
+        return sizes, tiers
 
     async def fetch(self, tenant: str, bucket_name: str, key: str, *, record: bool = True,
                     meta_only: bool = False) -> StoredObject:

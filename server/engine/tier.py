@@ -131,7 +131,7 @@ class FlashTier:
         self.counters = TierCounters()
         self.recovery: RecoveryReport | None = None
         self.tenant_disk: dict[str, int] = {}  # payload bytes per tenant on flash, refreshed by housekeep()
-        self.index_charged = 0  # the flash index's and read buffers' RAM, as last charged to the budget
+        self.state_charged = 0  # the flash index's and read buffers' RAM, as last charged to the budget
         self._prefetching = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._manifest_task: asyncio.Task[None] | None = None
@@ -257,10 +257,10 @@ class FlashTier:
         (both live in RAM: they count against ``--memory`` like the records of buckets and uploads)."""
         self._refresh_shares(stats)
         held = stats.index_bytes + stats.buffer_bytes
-        delta = held - self.index_charged
+        delta = held - self.state_charged
         if delta:
             self.store.budget.charge(NODE_STATE, delta, "state")
-            self.index_charged = held
+            self.state_charged = held
 
     def _refresh_shares(self, stats: FlashStats) -> None:
         shares: dict[str, int] = {}

@@ -85,12 +85,13 @@ class ReadBuffers:
             if free:
                 chunk = free.pop()
                 self.retained -= size
+            else:
+                self.fresh += 1
         if chunk is None:
             # Private: a shared anonymous map is shmem, whose page lookups cost O_DIRECT ~10 % of the node's CPU.
             chunk = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             if size >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
                 chunk.madvise(mmap.MADV_HUGEPAGE)  # fewer faults and page-table walks per read
-            self.fresh += 1
         arr = np.frombuffer(chunk, np.uint8)
         # The array is this use's handle: every payload view refers to it, so it dies with the last of them.
         weakref.finalize(arr, self._give_back, chunk)

@@ -88,7 +88,7 @@ def _pread_into(fd: int, view: memoryview, offset: int) -> int:
             if n == 0:
                 break
             got += n
-            if got % BLOCK:  # short and unaligned: the end of the file
+            if (offset + got) % BLOCK:  # a read that ended inside a block ended at the end of the file
                 break
     return got
 

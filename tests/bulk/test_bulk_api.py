@@ -311,6 +311,7 @@ def test_lookup_prefix_stops_at_the_first_hole(bulk: Bulk, bucket: str) -> None:
     assert bulk.lookup(bucket, ["absent", *chain]).prefix == 0
     assert bulk.lookup(bucket, chain[:5]).prefix == 5
     assert bulk.lookup(bucket, []).prefix == 0
+    assert result.tiers is None  # no flash tier: every present block is in RAM, the answer does not say it
 
 
 def test_touch_extends_expires_and_never_shortens(bulk: Bulk, bucket: str) -> None:
@@ -590,7 +591,7 @@ def test_lookup_and_get_pin_every_present_block() -> None:
     sent = asyncio.run(call_app(app, "lookup", wire.encode_keys_request(
         "lookup", wire.KeysRequest(["c/0", "c/1", "c/2"], pin=30))))
     answer = wire.decode_lookup_response(wire.unpack_head(sent[1]["body"], wire.ANY_HEAD)[0], 3)
-    assert answer == wire.LookupResponse(1, [1, wire.ABSENT, 1], [wire.TIER_RAM, wire.TIER_ABSENT, wire.TIER_RAM])
+    assert answer == wire.LookupResponse(1, [1, wire.ABSENT, 1], None)  # no flash tier: no tiers field
     pins = {k: app.engine.get("default", bucket, k, record=False).pinned_until for k in ("c/0", "c/2", "c/3")}
     assert now + 29 < pins["c/0"] < now + 31 and now + 29 < pins["c/2"] < now + 31  # beyond the prefix too
     assert pins["c/3"] == 0.0  # not asked for

@@ -368,11 +368,10 @@ def test_locate_and_prefetch(tmp_path: Path) -> None:
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 64)
         await settle(engine)
-        found = engine.locate(TENANT, BUCKET, keys + ["absent"])
-        assert found[-1] is None
-        tiers = {f[0] for f in found if f is not None}
-        assert tiers == {"ram", "disk"} and all(f is None or f[1] == BLOCK for f in found)
-        cold = [k for k, f in zip(keys, found) if f is not None and f[0] == "disk"][:8]
+        sizes, where = engine.locate(TENANT, BUCKET, keys + ["absent"])
+        assert sizes[-1] == -1 and where[-1] is None
+        assert set(where[:-1]) == {"ram", "disk"} and sizes[:-1] == [BLOCK] * len(keys)
+        cold = [k for k, t in zip(keys, where) if t == "disk"][:8]
         answer = engine.prefetch(TENANT, BUCKET, cold + ["absent"])
         assert answer == {"ram": 0, "disk": 8, "missing": 1, "started": 8}
         for _ in range(50):
