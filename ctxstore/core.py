@@ -48,6 +48,10 @@ class Timeouts:
     read: float = 2.0  # no byte for this long → timeout
     total: float = 10.0  # a whole bulk call
 
+    def __post_init__(self) -> None:
+        for name in ("connect", "read", "total"):
+            _require_positive(f"Timeouts.{name}", getattr(self, name))
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -59,6 +63,20 @@ class Limits:
     #: once on their own connections: the node reads one from its flash tier while it sends another (a
     #: 128 MiB restore from flash ran ~1.4x faster as 4 calls; from RAM the same, within noise).
     bytes_per_get: int = 32 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("keys_per_call", "bytes_per_call", "bytes_per_get"):
+            _require_positive(f"Limits.{name}", getattr(self, name), integer=True)
+
+
+def _require_positive(label: str, value: object, *, integer: bool = False, zero: bool = False) -> None:
+    """ConfigurationError at construction for a value that would hang, spin or split into nothing later
+    (``zero``: 0 is allowed too)."""
+    kinds = (int,) if integer else (int, float)
+    number = float(value) if isinstance(value, kinds) and not isinstance(value, bool) else float("nan")
+    if not ((number >= 0 if zero else number > 0) and number < float("inf")):
+        kind = "a positive integer" if integer else "a positive number of seconds"
+        raise ConfigurationError(f"{label} must be {kind}{' or 0' if zero else ''}, not {value!r}")
 
 
 @dataclass
@@ -112,6 +130,9 @@ class AsyncContextStore:
         if not access_key or not secret_key:
             raise ConfigurationError(
                 "no credentials: pass access_key/secret_key or set CTXSTORE_ACCESS_KEY/CTXSTORE_SECRET_KEY")
+        _require_positive("pool_size", pool_size, integer=True)
+        _require_positive("probe_interval", probe_interval)
+        _require_positive("dns_refresh", dns_refresh, zero=True)  # 0: re-resolve names at every call
         self.timeouts = timeouts or Timeouts()
         self.limits = limits or Limits()
         self.strict = strict

@@ -14,7 +14,16 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxstore import AsyncContextStore, ConfigurationError, IntegrityError, ProtocolError, errors, wire
+from ctxstore import (
+    AsyncContextStore,
+    ConfigurationError,
+    IntegrityError,
+    Limits,
+    ProtocolError,
+    Timeouts,
+    errors,
+    wire,
+)
 from ctxstore.buffers import Destinations, Scatter
 from ctxstore.core import AsyncNamespace
 from ctxstore.frames import GetReader
@@ -491,3 +500,25 @@ def test_ip_only_membership_is_never_re_resolved() -> None:
         await store.aclose()
 
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------- configuration values
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Timeouts(connect=0), lambda: Timeouts(read=-1.0), lambda: Timeouts(total=float("nan")),
+    lambda: Timeouts(total=float("inf")), lambda: Limits(keys_per_call=0), lambda: Limits(bytes_per_call=-5),
+    lambda: Limits(bytes_per_get=0), lambda: Limits(keys_per_call=2.5),  # type: ignore[arg-type]
+    lambda: Limits(keys_per_call=True),
+    lambda: AsyncContextStore("127.0.0.1:1", access_key="a", secret_key="b", pool_size=0),
+    lambda: AsyncContextStore("127.0.0.1:1", access_key="a", secret_key="b", probe_interval=0),
+    lambda: AsyncContextStore("127.0.0.1:1", access_key="a", secret_key="b", dns_refresh=-1),
+])
+def test_values_that_would_hang_or_spin_are_refused_at_once(make: Callable[[], object]) -> None:
+    with pytest.raises(ConfigurationError, match="must be a positive"):
+        make()
+
+
+def test_the_defaults_and_small_positive_values_are_accepted() -> None:
+    assert Limits(keys_per_call=1, bytes_per_call=1, bytes_per_get=1).bytes_per_get == 1
+    assert Timeouts(connect=0.01, read=1, total=2).read == 1
