@@ -15,8 +15,9 @@ The node runs pinned to core 0, this client (the ctxstore client, as a worker us
   (a) **flash, cold**: a node with ``--disk-direct-size 1 --disk-promote false`` (every block on flash, never
   copied back to RAM) after ``sync; echo 3 > /proc/sys/vm/drop_caches``; (b) **flash, again**: the same
   right after, without dropping the cache (the node reads with O_DIRECT, so this should not differ: it is
-  here to show that it does not); (c) **RAM**: a node without a flash tier. The device's ceiling for the same bytes and block
-  size: ``dd if=<128 MiB file> of=/dev/null bs=64K|1M iflag=direct``, in the same rounds, interleaved.
+  here to show that it does not); (c) **RAM**: a node without a flash tier. The device's ceiling for the
+  same bytes and block size: ``dd if=<128 MiB file> of=/dev/null bs=64K|1M iflag=direct``, in the same
+  rounds, interleaved.
 - **Demotion**: ``--demote-mib`` of 1 MiB blocks saved (bulk, calls of 8 MiB) into a node with 64 MiB of RAM,
   so nearly everything is demoted: time until nothing waits for a write (``disk_queued_bytes`` 0) and every
   block is in RAM, on flash, or dropped (a victim that finds the demotion queue full is evicted, as without a

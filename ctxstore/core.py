@@ -323,26 +323,17 @@ class AsyncContextStore:
     def _get_batches(self, idx: list[int], destinations: Destinations) -> list[list[int]]:
         """``idx`` in runs of at most ``bytes_per_get`` bytes of destination (one run when new memory is
         allocated: the sizes are not known before the answer)."""
-        limit = self.limits.bytes_per_get
-        batches: list[list[int]] = [[]]
-        size = 0
-        for i in idx:
-            n = destinations.capacity(i)
-            if n is None:
-                return [idx]
-            if batches[-1] and size + n > limit:
-                batches.append([])
-                size = 0
-            batches[-1].append(i)
-            size += n
-        return batches
+        capacities = [c for c in map(destinations.capacity, idx) if c is not None]
+        if len(capacities) < len(idx):
+            return [idx]
+        return _byte_runs(idx, capacities, self.limits.bytes_per_get)
 
     async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
                        ttl: float | None = None, if_absent: bool = True) -> SaveResult:
         result = SaveResult()
 
         async def one(node: Node, idx: list[int]) -> None:
-            for batch in self._byte_batches(idx, blocks):
+            for batch in _byte_runs(idx, [len(blocks[i]) for i in idx], self.limits.bytes_per_call):
                 req = wire.PutRequest(
                     keys=[keys[i] for i in batch], sizes=[len(blocks[i]) for i in batch],
                     xxh3=[xxhash.xxh3_64_intdigest(blocks[i]) for i in batch], ttl=ttl, if_absent=if_absent,
@@ -360,19 +351,6 @@ class AsyncContextStore:
         # Everything neither stored nor found: rejected, failed calls, and blocks of nodes marked down.
         result.failed = len(keys) - result.stored - result.existed
         return result
-
-    def _byte_batches(self, idx: list[int], blocks: Sequence[memoryview]) -> list[list[int]]:
-        batches: list[list[int]] = [[]]
-        size = 0
-        for i in idx:
-            n = len(blocks[i])
-            if batches[-1] and (size + n > self.limits.bytes_per_call or
-                                len(batches[-1]) >= self.limits.keys_per_call):
-                batches.append([])
-                size = 0
-            batches[-1].append(i)
-            size += n
-        return [b for b in batches if b]
 
     async def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                       seconds: float = 0.0) -> int:
@@ -524,6 +502,20 @@ class AsyncNamespace:
         result = await self.save(tokens, blocks, ttl=ttl)
         await self.pin(tokens[:len(blocks) * self.block_size], pin)
         return result
+
+
+def _byte_runs(idx: list[int], sizes: Sequence[int], limit: int) -> list[list[int]]:
+    """``idx`` (with ``sizes`` beside it) cut into consecutive runs of at most ``limit`` bytes each (a single
+    larger item is a run of its own)."""
+    runs: list[list[int]] = [[]]
+    total = 0
+    for i, n in zip(idx, sizes, strict=True):
+        if runs[-1] and total + n > limit:
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += n
+    return [run for run in runs if run]
 
 
 async def _gather_all(calls: list[Any]) -> None:

@@ -20,6 +20,9 @@ def frame_reply(frame: bytes, payloads: Sequence[bytes | bytearray | memoryview]
     return Reply(200, [("content-type", wire.CONTENT_TYPE)], [frame, *payloads])
 
 
+_TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}  # the engine's tier names
+
+
 async def lookup(call: BulkCall) -> Reply:
     """Per-key sizes and the present prefix; ``pin`` pins every present block, not only the prefix."""
     request = await call.keys_request("lookup")
@@ -30,8 +33,6 @@ async def lookup(call: BulkCall) -> Reply:
         call.engine.pin(call.tenant, call.bucket, keys, request.pin)
     return frame_reply(wire.encode_lookup_response(wire.LookupResponse(wire.prefix_length(sizes), sizes, codes)))
 
-
-_TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}
 
 
 async def get(call: BulkCall) -> Reply:

@@ -52,6 +52,26 @@ HUGE_PAGE = 2 << 20
 MIN_POOLED = 256 << 10  # smaller reads take memory the allocator reuses anyway; no pool needed
 
 
+def aligned_span(offset: int, stop: int) -> tuple[int, int]:
+    """(start, length) of the whole :data:`BLOCK` s covering bytes ``offset`` to ``stop`` of a file."""
+    start = offset // BLOCK * BLOCK
+    return start, -(-stop // BLOCK) * BLOCK - start
+
+
+def pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill ``view`` from ``offset``; returns the bytes read, fewer only at the end of the file (a read that
+    ends inside a block ends there: the next would fail under O_DIRECT, not return 0)."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+        if (offset + got) % BLOCK:
+            break
+    return got
+
+
 def aligned_array(n: int) -> np.ndarray:
     """``n`` bytes starting on a :data:`BLOCK` boundary (what O_DIRECT needs), from the allocator."""
     raw = np.empty(n + BLOCK, np.uint8)
@@ -134,22 +154,14 @@ def read_run(fd: int, salt: int, run: list[ReadItem], with_payload: bool,
     The read covers whole :data:`BLOCK` s (``fd`` may be opened with O_DIRECT); the buffer comes from
     ``buffers`` when given. ``check_key=False`` (compaction, listing) accepts whatever key the verified
     header holds."""
-    start = run[0].offset // BLOCK * BLOCK
     stop = max(it.offset + it.header_len + (it.payload_len if with_payload else 0) for it in run)
-    length = -(-stop // BLOCK) * BLOCK - start
+    start, length = aligned_span(run[0].offset, stop)
     buf = buffers.take(length) if buffers is not None else aligned_array(length)
     view = buf.data[:length]  # a writable memoryview of the array
-    got = 0
     try:
-        while got < length:
-            n = os.preadv(fd, [view[got:]], start + got)
-            if n == 0:
-                break
-            got += n
-            if got % BLOCK:  # a short read that is not block-aligned can only be the end of the file
-                break
+        got = pread_into(fd, view, start)
     except OSError as e:
-        return [ReadOutcome(it.pos, IO_FAILED, detail=str(e)) for it in run], got
+        return [ReadOutcome(it.pos, IO_FAILED, detail=str(e)) for it in run], 0
     out = []
     for it in run:
         rel = it.offset - start

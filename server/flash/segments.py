@@ -32,7 +32,7 @@ from .format import (
     parse_record_header,
     unpack_footer_index,
 )
-from .reader import aligned_array
+from .reader import aligned_array, aligned_span, pread_into
 
 _NAME = re.compile(r"^seg-([0-9a-f]{16})\.dat$")
 
@@ -67,30 +67,17 @@ def pread_exact(fd: int, length: int, offset: int) -> bytearray:
     """``length`` bytes at ``offset``, fewer only at the end of the file. ``fd`` may be opened with O_DIRECT
     (:func:`open_reader`): whole aligned blocks are read then."""
     if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-        start = offset // BLOCK * BLOCK
-        span = -(-(offset + length) // BLOCK) * BLOCK - start
+        start, span = aligned_span(offset, offset + length)
         arr = aligned_array(span)
-        got = _pread_into(fd, arr.data, start)
+        got = pread_into(fd, arr.data, start)
         rel = offset - start
         return bytearray(arr.data[rel:max(rel, min(got, rel + length))])
     buf = bytearray(length)
-    got = _pread_into(fd, memoryview(buf), offset)
+    with memoryview(buf) as view:
+        got = pread_into(fd, view, offset)
     if got < length:
         del buf[got:]
     return buf
-
-
-def _pread_into(fd: int, view: memoryview, offset: int) -> int:
-    got = 0
-    with view:
-        while got < len(view):
-            n = os.preadv(fd, [view[got:]], offset + got)
-            if n == 0:
-                break
-            got += n
-            if (offset + got) % BLOCK:  # a read that ended inside a block ended at the end of the file
-                break
-    return got
 
 
 def read_header(fd: int) -> SegmentHeader:
