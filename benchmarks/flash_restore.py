@@ -6,6 +6,7 @@ docs/flash_restore.png):
     .venv/bin/pip install -e '.[bench]'
     .venv/bin/python benchmarks/flash_restore.py --dir /var/tmp/ctxstore-flash-bench
         # --rounds 5 --demote-mib 512 --rebuild 1000000 (defaults; --rebuild 0 skips the restart part)
+        # --bytes-per-get 256MiB: each restore as one call, not the client's default calls of 32 MiB
 
 The node runs pinned to core 0, this client (the ctxstore client, as a worker uses it) to core 1.
 
@@ -74,6 +75,7 @@ from _common import (  # noqa: E402
 )
 
 from ctxstore import ContextStore, Limits, Timeouts  # noqa: E402
+from ctxstore.units import parse_size  # noqa: E402
 
 MiB = 1 << 20
 GB = 1e9
@@ -154,9 +156,10 @@ class Node:
         self.proc.wait(30)
 
 
-def client(node: Node) -> ContextStore:
+def client(node: Node, bytes_per_get: int = Limits.bytes_per_get) -> ContextStore:
     # Long timeouts: a slow call must show in the figures, not turn into a miss.
-    return ContextStore(node.endpoint, access_key=ACCESS, secret_key=SECRET, limits=Limits(bytes_per_call=8 * MiB),
+    return ContextStore(node.endpoint, access_key=ACCESS, secret_key=SECRET,
+                        limits=Limits(bytes_per_call=8 * MiB, bytes_per_get=bytes_per_get),
                         timeouts=Timeouts(connect=5, read=60, total=120))
 
 
@@ -165,7 +168,7 @@ def blocks_of(size: int, n: int, seed: int) -> list[bytes]:
     return [base[i:i + size] for i in range(n)]  # distinct blocks without n × size of urandom
 
 
-def restore_bench(base: Path, rounds: int, procs: Processes, out: dict[str, Any]) -> None:
+def restore_bench(base: Path, rounds: int, procs: Processes, out: dict[str, Any], bytes_per_get: int) -> None:
     ref = base / "ref-128MiB.bin"
     timed_dd("if=/dev/urandom", f"of={ref}", "bs=1M", "count=128", "oflag=direct")
     can_drop = drop_caches()
@@ -178,7 +181,7 @@ def restore_bench(base: Path, rounds: int, procs: Processes, out: dict[str, Any]
         flash = Node(procs, "512MiB", "--disk", str(base / f"restore-{size}"), "--disk-size", "1GiB",
                      "--disk-reset", "true", "--disk-direct-size", "1", "--disk-promote", "false")
         ram = Node(procs, "1GiB")
-        stores = {"flash": client(flash), "ram": client(ram)}
+        stores = {"flash": client(flash, bytes_per_get), "ram": client(ram, bytes_per_get)}
         try:
             spaces = {name: s.namespace("bench", model="flash-bench", block_size=BLOCK_TOKENS)
                       for name, s in stores.items()}
@@ -324,7 +327,8 @@ def settled_rss(pid: int, timeout: float = 60) -> int:
 def report(out: dict[str, Any]) -> None:
     print(f"# {today()} · {source_state()} · busy before the run: {out['busy']}")
     if out["restore"]:
-        print("\n## Restore of 128 MiB (one Namespace.restore; node on core 0, client on core 1)\n")
+        print(f"\n## Restore of 128 MiB (one Namespace.restore in calls of at most {out['bytes_per_get']}; node on "
+              "core 0, client on core 1)\n")
         print("| shape | from | median | p99 | GB/s | ÷ device ceiling (dd O_DIRECT) |")
         print("|---|---|---:|---:|---:|---:|")
     for label, times in out["restore"].items():
@@ -390,6 +394,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--demote-mib", type=int, default=512)
     parser.add_argument("--rebuild", type=int, default=1_000_000, help="blocks for the restart part (0: skip)")
+    parser.add_argument("--bytes-per-get", default=f"{Limits.bytes_per_get // MiB}MiB",
+                        help="the client's Limits.bytes_per_get for the restores (256MiB: one call per restore)")
     parser.add_argument("--json", type=Path, default=Path(__file__).with_name("flash_restore.json"))
     args = parser.parse_args()
     exit_on_sigterm()
@@ -397,11 +403,11 @@ def main() -> int:
     base = args.dir
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
-    out: dict[str, Any] = {"busy": busy_cores(), "restore": {}, "restore_cpu": {}}
+    out: dict[str, Any] = {"busy": busy_cores(), "restore": {}, "restore_cpu": {}, "bytes_per_get": args.bytes_per_get}
     procs = Processes()
     try:
         if args.rounds:
-            restore_bench(base, args.rounds, procs, out)
+            restore_bench(base, args.rounds, procs, out, parse_size(args.bytes_per_get))
         if args.demote_mib:
             demote_bench(base, args.demote_mib, procs, out)
         if args.rebuild:

@@ -61,7 +61,7 @@ class Limits:
     bytes_per_call: int = 64 << 20  # well under any sane node budget: a call must fit whole
     #: A restore expecting more than this from one node goes as several calls of about this size, sent at
     #: once on their own connections: the node reads one from its flash tier while it sends another (a
-    #: 128 MiB restore from flash ran ~1.4x faster as 4 calls; from RAM the same, within noise).
+    #: 128 MiB restore from flash ran 1.2-1.6x faster as 4 calls, from RAM no slower: docs/benchmarks.md).
     bytes_per_get: int = 32 << 20
 
     def __post_init__(self) -> None:
