@@ -229,6 +229,8 @@ def prom_query(port: int, expr: str) -> dict[str, Any]:
         with urllib.request.urlopen(url, timeout=10) as resp:
             answer: dict[str, Any] = json.load(resp)
     except urllib.error.HTTPError as exc:  # 400 bad_data: the expression does not parse or evaluate
+        if exc.code == 503:  # plain "Service Unavailable" until its storage is ready: the caller waits
+            raise
         answer = json.loads(exc.read() or b"{}")
         exc.close()
     return answer
@@ -254,7 +256,7 @@ def test_a_real_prometheus_evaluates_every_query(node: Node, tmp_path: Path) -> 
         # Load between scrapes, until rates over 1m windows have several samples.
         while True:
             traffic(node)
-            try:  # Prometheus takes a moment to open its port: refused until then
+            try:  # Prometheus takes a moment to open its port (refused) and its storage (503)
                 answer = prom_query(port, 'count_over_time(ctxstore_up{job="ctxstore"}[1m])') \
                     if proc.poll() is None else {}
             except urllib.error.URLError:
