@@ -24,9 +24,9 @@ BUCKET_LEVEL_KEYS = ("objects", "bytes", "charged", "pinned_bytes", "disk_object
 BUCKET_COUNTER_KEYS = ("hits", "misses", "puts", "deletes", "evictions", "expirations", "bytes_in", "bytes_out",
                        "disk_hits", "demotions", "promotions")
 LEVEL_KEYS = ("used", "budget", "objects", "bytes", "charged", "pinned_bytes", "reserved", "parts_bytes",
-              "uploads", "state_bytes", "sending_bytes", "disk_budget", "disk_used", "disk_objects", "disk_bytes",
+              "uploads", "state_bytes", "sending_bytes", "buffer_bytes", "disk_budget", "disk_used", "disk_objects", "disk_bytes",
               "disk_segments", "disk_queued_bytes", "disk_index_bytes", "disk_degraded")
-COUNTER_KEYS = BUCKET_COUNTER_KEYS + ("prefetches", "disk_bytes_read", "disk_bytes_written", "disk_evictions",
+COUNTER_KEYS = BUCKET_COUNTER_KEYS + ("prefetches", "buffer_reuses", "disk_bytes_read", "disk_bytes_written", "disk_evictions",
                                       "disk_expirations", "disk_corrupt", "disk_compactions")
 STAT_KEYS = LEVEL_KEYS + COUNTER_KEYS
 BUCKET_KEYS = BUCKET_LEVEL_KEYS + BUCKET_COUNTER_KEYS

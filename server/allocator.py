@@ -23,7 +23,6 @@ import ctypes
 import ctypes.util
 import logging
 import sys
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -71,48 +70,3 @@ def tune() -> bool:
     if not done:
         log.debug("mallopt refused a setting; the allocator keeps its defaults for it")
     return done
-
-
-# A buffer the size of a large payload is a fresh mapping: every 4 KiB page of it faults on first touch, and
-# in these VMs a fault costs ~2.7 µs (0.7 s per GB: more than the socket copy). bytearray(n) touches each page
-# to zero it; a payload buffer that the body will overwrite anyway is made uninitialized instead and its pages
-# populated by one madvise call (MADV_POPULATE_WRITE, Linux 5.14): 128 × 1 MiB in 53 ms instead of 81 ms
-# (docs/benchmarks.md). Below the mmap threshold the heap serves it and this gains nothing.
-MADV_POPULATE_WRITE = 23
-_PAGE = 4096
-_populate: Any = None
-
-
-def payload_buffer(size: int) -> bytearray:
-    """A writable buffer of ``size`` bytes whose contents the caller overwrites in full before anyone reads
-    them (a body read into it, or the buffer dropped): uninitialized and pre-faulted when that is cheaper."""
-    global _populate
-    if size < MMAP_THRESHOLD or _populate is False:
-        return bytearray(size)
-    if _populate is None:
-        _populate = _populate_functions()
-        if _populate is False:
-            return bytearray(size)
-    new, madvise = _populate
-    buf: bytearray = new(None, size)
-    address = ctypes.addressof((ctypes.c_char * size).from_buffer(buf))
-    start = (address + _PAGE - 1) & ~(_PAGE - 1)
-    end = (address + size) & ~(_PAGE - 1)
-    if end > start and madvise(start, end - start, MADV_POPULATE_WRITE) != 0:
-        _populate = False  # an older kernel: the pages fault as they are written, as bytearray's would
-    return buf
-
-
-def _populate_functions() -> Any:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        new = ctypes.pythonapi.PyByteArray_FromStringAndSize
-        new.restype = ctypes.py_object
-        new.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t]
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        madvise.restype = ctypes.c_int
-    except (AttributeError, OSError):
-        return False
-    return new, madvise

@@ -185,6 +185,7 @@ class StoreCollector(Collector):
         ("uploads", "ctxstore_uploads_in_progress", "Multipart uploads not yet completed or aborted."),
         ("state_bytes", "ctxstore_state_bytes", "Of used: buckets, uploads and parts' records."),
         ("sending_bytes", "ctxstore_sending_bytes", "Of used: removed objects whose answers are still being sent."),
+        ("buffer_bytes", "ctxstore_buffer_bytes", "Payload buffers kept for reuse (their charged part is in state)."),
         ("disk_budget", "ctxstore_disk_budget_bytes", "The flash tier's byte budget (--disk-size; 0: no tier)."),
         ("disk_used", "ctxstore_disk_used_bytes", "Bytes the flash tier's files take (segments, manifest)."),
         ("disk_objects", "ctxstore_disk_objects", "Blocks the flash tier holds."),
@@ -196,6 +197,7 @@ class StoreCollector(Collector):
     )
     NODE_COUNTERS = (
         ("prefetches", "ctxstore_prefetches", "Blocks prefetch asked to bring from flash into RAM."),
+        ("buffer_reuses", "ctxstore_buffer_reuses", "Payload buffers of dead blocks handed to new ones."),
         ("disk_bytes_read", "ctxstore_disk_read_bytes", "Bytes read from the flash tier's files."),
         ("disk_bytes_written", "ctxstore_disk_written_bytes", "Bytes written to the flash tier's files."),
         ("disk_evictions", "ctxstore_disk_evictions", "Blocks the flash tier dropped to make room."),

@@ -15,7 +15,6 @@ import xxhash
 
 from ctxstore import wire
 
-from .. import allocator
 from ..engine import OBJECT_OVERHEAD, Reservation, errors as storage
 from ..protocol.asgi import Request
 from ..protocol.payload import PayloadHash
@@ -118,7 +117,7 @@ class Block:
     size: int
     xxh3: int
     reservation: Reservation | None = None
-    data: bytearray | None = None
+    data: bytearray | memoryview | None = None
     etag: str = ""
     result: str | None = None  # None until decided: "exists" (skipped) or "rejected" (checksum)
     error: str = ""
@@ -131,7 +130,7 @@ class Block:
     async def receive(self, call: BulkCall, body: BodyReader, *, same_request: bool) -> None:
         """Read the block into its own buffer, its reservation growing as the bytes arrive. No room for it
         (everything left pinned or in flight) fails the whole call with SlowDown: nothing is stored."""
-        data = allocator.payload_buffer(self.size)  # every byte of it is read from the body or it is dropped
+        data = call.engine.payload_buffer(self.size)  # every byte of it is read from the body or it is dropped
         view = memoryview(data)
         self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed, key=self.key,
                                                same_request=same_request)

@@ -240,6 +240,11 @@ class Engine:
         checked once per request). ``key``: the object it replaces (its bytes count as free)."""
         return self.store.reserve(tenant, bucket_name, nbytes, fixed, key=key, same_request=same_request)
 
+    def payload_buffer(self, size: int) -> bytearray | memoryview:
+        """A writable buffer of ``size`` bytes for a payload about to arrive, reused from a block that died
+        when one of the size is kept (:mod:`.buffers`). It holds stale bytes: fill all of it, or drop it."""
+        return self.store.buffers.take(size)
+
     def lease(self, obj: StoredObject) -> Callable[[], None]:
         """Count a response sending ``obj``'s payload until the returned function is called (a removed object
         stays charged to the budget until its last send ends)."""
@@ -491,6 +496,7 @@ class Engine:
         self.store.drain_pins(self.clock())
         self.multipart.reap_stale(limit)
         self.store.compact_expiry_heap()
+        self.store.buffers.housekeep()
         return removed
 
     # ------------------------------------------------------------------ operator verbs

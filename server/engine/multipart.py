@@ -146,7 +146,7 @@ class Multipart:
             self._charge(upload, charged)
             raise
         with reservation:
-            data = bytearray(total)
+            data = self.store.buffers.take(total)  # every byte of it is copied from a part below
             view = memoryview(data)
             pos = 0
             hasher = xxhash.xxh3_64()

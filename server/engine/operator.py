@@ -94,6 +94,7 @@ class Operator:
             config.budget = budget
             now = self.store.clock()
             self.store.reap_expired(None)
+            self.store.buffers.make_room(0)  # kept payload buffers go before any block
             try:
                 self.store.evict_lru(lambda: self.budget.used <= budget, None, now, None)
             except errors.InsufficientCapacity:
@@ -136,11 +137,14 @@ class Operator:
             "pinned_bytes": budget.pinned,
             "state_bytes": budget.state,
             "sending_bytes": budget.sending,
+            "buffer_bytes": self.store.buffers.kept,
+            "buffer_reuses": self.store.buffers.reused,
             "uploads": len(self.multipart.uploads),
             **disk,
             "buckets": per_bucket,
         }
         if reset:
+            self.store.buffers.reused = 0
             self.removed_stats.reset()
             for bucket in self.store.buckets.values():
                 bucket.stats.reset()

@@ -22,6 +22,7 @@ from typing import Protocol
 import xxhash
 
 from . import errors
+from .buffers import PayloadBuffers
 from .budget import Budget, Reservation
 from .config import EngineConfig
 from .objects import OBJECT_OVERHEAD, Bucket, Payload, StoredObject, etag_matches
@@ -75,6 +76,7 @@ class ObjectStore:
         self.on_store: list[StoreListener] = []
         self.on_remove: list[RemovalListener] = []
         self.lower: LowerTier | None = None  # the flash tier, when the node has one
+        self.buffers = PayloadBuffers(budget, lambda delta: budget.charge(NODE_STATE, delta, "state"), clock)
 
     # ------------------------------------------------------------------ buckets
 
@@ -198,6 +200,9 @@ class ObjectStore:
         if need > budget.limit:
             raise errors.EntityTooLarge(f"{need} bytes cannot fit in a budget of {budget.limit}")
         credit = replacing.charge if replacing is not None else 0
+        if budget.fits(need, credit):
+            return
+        self.buffers.make_room(need - credit)  # kept payload buffers go before any block
         if budget.fits(need, credit):
             return
         now = self.clock()

@@ -24,7 +24,7 @@ from .errors import S3Error
 class UploadBody:
     """A verified body: the buffer, its MD5 and the checksums to store (algorithm → base64)."""
 
-    data: bytearray
+    data: bytearray | memoryview
     md5: bytes
     checksums: dict[str, str] = field(default_factory=dict)
     reservation: Reservation | None = None
@@ -74,7 +74,8 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
     try:
         # A known length: one buffer of that size, filled in place. Unknown: a buffer that grows (its size
         # bounded by the reservation, which refuses what passes the object size limit).
-        data = bytearray(length) if length is not None else bytearray()
+        growing = bytearray()
+        data = call.engine.payload_buffer(length) if length is not None else growing
         view = memoryview(data) if length is not None else None
         pos = 0
         try:
@@ -95,7 +96,7 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
                     if view is not None:
                         view[pos:end] = piece
                     else:
-                        data += piece
+                        growing += piece
                     md5.update(piece)
                     payload_hash.update(piece)
                     for hasher in hashers.values():

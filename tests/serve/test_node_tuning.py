@@ -1,12 +1,10 @@
 """What ``ctxstore serve`` sets up in its process for the data path: the collector's young-generation threshold
-above what one request holds, and payload buffers made without zeroing (and pre-faulted) above the mmap
-threshold."""
+above what one request holds."""
 
 from __future__ import annotations
 
 import gc
 
-from ctxstore_server import allocator
 from ctxstore_server.serve import GC_THRESHOLD, tune_gc
 
 
@@ -20,15 +18,3 @@ def test_tune_gc_raises_the_young_threshold_above_a_bulk_get_and_freezes_start_u
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
-
-
-def test_payload_buffers_have_the_size_asked_and_take_any_bytes() -> None:
-    for size in (0, 1, 64 << 10, allocator.MMAP_THRESHOLD, (1 << 20) + 3, 8 << 20):
-        buf = allocator.payload_buffer(size)
-        assert isinstance(buf, bytearray) and len(buf) == size
-        view = memoryview(buf)
-        view[:] = b"\xa5" * size
-        assert buf.count(0xA5) == size
-        view.release()
-        buf += b"x"  # an ordinary bytearray: no export left behind by the allocation
-        assert len(buf) == size + 1

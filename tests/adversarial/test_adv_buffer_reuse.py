@@ -1,0 +1,81 @@
+"""A node reuses the buffer of a block that died for the next block of its size (engine/buffers.py). Checked
+from the outside, on a real node: an answer still being sent when its block is deleted and the same size is
+written over and over delivers the old bytes intact, and every new block reads back as written."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+import xxhash
+from support.nodes import Node
+from support.probes import Admin, MiB, start_probed_node
+from support.s3raw import UNSIGNED, RawClient, signed
+
+SIZE = 1 * MiB
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    node = start_probed_node(tmp_path_factory.mktemp("adv-reuse"), "--memory", "256MiB")
+    yield node
+    node.stop()
+
+
+def slow_reader(port: int, request: bytes) -> socket.socket:
+    """Sends ``request`` and reads nothing yet: with a tiny receive buffer most of the answer stays with the
+    node, referring to the block's buffer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(request)
+    return sock
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "closed inside the head"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        chunk = sock.recv(1 << 20)
+        assert chunk, "closed inside the body"
+        body += chunk
+    sock.close()
+    return body[:length]
+
+
+def test_an_answer_in_flight_keeps_its_bytes_while_its_size_is_rewritten(node: Node) -> None:
+    bucket = "reuse-" + secrets.token_hex(4)
+    old = os.urandom(SIZE)
+    with RawClient(node.port, timeout=30) as raw:
+        assert raw.s3("PUT", f"/{bucket}").status == 200
+        assert raw.s3("PUT", f"/{bucket}/obj", old, payload_hash=UNSIGNED).status == 200
+        target = f"/{bucket}/obj"
+        readers = [slow_reader(node.port, raw.head_bytes("GET", target, signed(raw.endpoint, "GET", target).headers))
+                   for _ in range(3)]
+        time.sleep(0.2)  # the answers have started: each holds a view of the block's buffer
+        assert raw.s3("DELETE", target).status == 204
+        written = {}
+        for i in range(40):  # the same size, again and again: the freed buffers are reused for these
+            data = os.urandom(SIZE)
+            written[f"new{i}"] = data
+            assert raw.s3("PUT", f"/{bucket}/new{i}", data, payload_hash=UNSIGNED).status == 200
+            if i % 2:
+                assert raw.s3("DELETE", f"/{bucket}/new{i}").status == 204
+                del written[f"new{i}"]
+        assert Admin(node).stats()["buffer_reuses"] > 0  # the new blocks did reuse freed buffers
+        for sock in readers:
+            assert xxhash.xxh3_128_hexdigest(read_answer(sock)) == xxhash.xxh3_128_hexdigest(old)
+        for key, data in written.items():
+            reply = raw.s3("GET", f"/{bucket}/{key}")
+            assert reply.status == 200 and reply.body == data, key
