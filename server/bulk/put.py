@@ -44,13 +44,7 @@ async def put(call: BulkCall) -> Reply:
         request = wire.decode_put_request(head, call.max_keys, call.max_bytes)
         _check_length(declared, head_end + request.payload_bytes)
         blocks = _plan(call, request)
-        first = True
-        for block in blocks:  # straight into each block's own buffer, verified as it completes
-            if block.result == "exists":
-                await body.skip(block.size)
-            else:
-                await block.receive(call, body, same_request=not first)
-                first = False
+        await _receive(call, body, blocks)
         if not await body.at_end():
             raise BulkError("MalformedFrame", "bytes after the last payload the head announced")
         body.payload_hash.verify()
@@ -59,6 +53,45 @@ async def put(call: BulkCall) -> Reply:
         for block in blocks:
             block.release()
         await body.close()
+
+
+async def _receive(call: BulkCall, body: BodyReader, blocks: list[Block]) -> None:
+    """Every payload straight into its block's own buffer, verified as it completes. Small blocks are read in
+    runs of up to :data:`RECEIVE_SLICE` with one wait (their reservations grown to full first, so budget is
+    held at most one run ahead of the bytes); a larger block is read slice by slice."""
+    run: list[Block] = []
+    views: list[memoryview] = []
+    run_bytes = 0
+
+    async def finish_run() -> None:
+        nonlocal run_bytes
+        if run:
+            await body.read_into_many(views)
+            for done in run:
+                done.verify()
+            run.clear()
+            views.clear()
+            run_bytes = 0
+
+    first = True
+    for block in blocks:
+        if block.result == "exists":
+            await finish_run()
+            await body.skip(block.size)
+            continue
+        large = block.size > RECEIVE_SLICE
+        view = block.open(call, same_request=not first, whole=not large)
+        first = False
+        if large:
+            await finish_run()
+            await block.receive(body, view)
+            continue
+        run.append(block)
+        views.append(view)
+        run_bytes += block.size
+        if run_bytes >= RECEIVE_SLICE:
+            await finish_run()
+    await finish_run()
 
 
 def _check_length(declared: int | None, expected: int) -> None:
@@ -117,7 +150,8 @@ class Block:
     size: int
     xxh3: int
     reservation: Reservation | None = None
-    data: bytearray | memoryview | None = None
+    data: bytearray | memoryview | None = None  # once verified
+    _buffer: bytearray | memoryview | None = None  # while being read
     etag: str = ""
     result: str | None = None  # None until decided: "exists" (skipped) or "rejected" (checksum)
     error: str = ""
@@ -127,27 +161,41 @@ class Block:
         """What the committed object is charged beyond its payload: the key and the per-object overhead."""
         return OBJECT_OVERHEAD + len(self.key.encode())
 
-    async def receive(self, call: BulkCall, body: BodyReader, *, same_request: bool) -> None:
-        """Read the block into its own buffer, its reservation growing as the bytes arrive. No room for it
-        (everything left pinned or in flight) fails the whole call with SlowDown: nothing is stored."""
-        data = call.engine.payload_buffer(self.size)  # every byte of it is read from the body or it is dropped
-        view = memoryview(data)
+    def open(self, call: BulkCall, *, same_request: bool, whole: bool) -> memoryview:
+        """The block's buffer, and its reservation holding the fixed charge (``whole``: and the payload's). No
+        room for it (everything left pinned or in flight) fails the whole call with SlowDown: nothing is
+        stored."""
+        self._buffer = call.engine.payload_buffer(self.size)  # every byte of it is read from the body, or dropped
         self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed, key=self.key,
                                                same_request=same_request)
-        self.reservation.grow(0)  # the fixed charge
+        self.reservation.grow(self.size if whole else 0)
+        return memoryview(self._buffer)
+
+    async def receive(self, body: BodyReader, view: memoryview) -> None:
+        """Read a large block into its buffer (from :meth:`open`), its reservation growing as bytes arrive."""
+        assert self.reservation is not None
         for start in range(0, self.size, RECEIVE_SLICE):
             end = min(self.size, start + RECEIVE_SLICE)
             self.reservation.grow(end)
             await body.read_into(view[start:end])
+        self.verify()
+
+    def verify(self) -> None:
+        """The whole payload is in: keep it if it hashes to the head's XXH3-64, else drop it now (all or
+        nothing per block; the others go on)."""
+        data = self._buffer
+        assert data is not None
+        self._buffer = None
         actual = xxhash.xxh3_64_intdigest(data)
-        if actual != self.xxh3:  # all-or-nothing per block: drop it now, the others go on
+        if actual != self.xxh3:
             self.result = "rejected"
             self.error = f"XXH3-64 mismatch: the head says {self.xxh3:016x}, the payload has {actual:016x}"
             self.release()
             return
         self.data = data
-        # Bulk-written blocks get a cheap, non-MD5 ETag (docs/bulk-api.md): 32 hex digits of the XXH3-128.
-        self.etag = f'"{xxhash.xxh3_128_hexdigest(data)}"'
+        # Bulk-written blocks get a non-MD5 ETag (docs/bulk-api.md): the XXH3-64 just verified, so no second
+        # pass over the payload (it was 7 % of the node's CPU in a save of 1 MiB blocks).
+        self.etag = f'"{actual:016x}"'
 
     def release(self) -> None:
         if self.reservation is not None:
@@ -170,6 +218,15 @@ class BodyReader:
             self.payload_hash.update(dest[:n])
         if n < len(dest):
             raise wire.WireError("the body ended inside the frame", "IncompleteBody")
+
+    async def read_into_many(self, views: list[memoryview]) -> None:
+        """Fill each of ``views`` in turn; IncompleteBody if the body ends first."""
+        n = await self._req.readinto_many(views)
+        if n < sum(len(v) for v in views):
+            raise wire.WireError("the body ended inside the frame", "IncompleteBody")
+        if self.payload_hash.active:
+            for view in views:
+                self.payload_hash.update(view)
 
     async def read(self, n: int) -> bytearray:
         buf = bytearray(n)

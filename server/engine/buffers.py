@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import mmap
 import sys
-import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -42,8 +41,8 @@ Payload = bytearray | memoryview
 
 
 class PayloadBuffers:
-    """Writable payload buffers, recycled by size (rounded up to a page). Not thread-safe except for the
-    return of a buffer, which happens on whichever thread drops its last reference."""
+    """Writable payload buffers, recycled by size (rounded up to a page). Used from the event loop; only the
+    return of a buffer may happen on another thread (whichever drops its last reference)."""
 
     def __init__(self, budget: Budget, charge: Callable[[int], None], clock: Callable[[], float]) -> None:
         self._budget = budget
@@ -54,7 +53,7 @@ class PayloadBuffers:
         self._lent: dict[int, tuple[weakref.ref[np.ndarray], mmap.mmap]] = {}
         self._returned: deque[mmap.mmap] = deque()  # back from use, not sorted in yet (any thread appends)
         self._returned_bytes = 0
-        self._lock = threading.Lock()
+        self._return_bound = self.keep_limit() + self.loose_limit()  # of what may wait to be sorted in
         self._populate = sys.platform.startswith("linux")
         self._last_take = clock()
         self.kept = 0  # bytes of the buffers in the free lists
@@ -74,9 +73,11 @@ class PayloadBuffers:
         if size < MIN_POOLED:
             return bytearray(size)
         self._last_take = self._clock()
-        self._sort_returned()
         rounded = -(-size // PAGE) * PAGE
         free = self._free.get(rounded)
+        if not free and self._returned:
+            self._sort_returned()
+            free = self._free.get(rounded)
         if free:
             chunk = free.pop()
             self._unkeep(rounded)
@@ -130,30 +131,33 @@ class PayloadBuffers:
         if lent is None:
             return
         chunk = lent[1]
-        with self._lock:
-            # Bounded even before it is sorted in: a flush that frees a million blocks keeps only this much.
-            if self._returned_bytes + len(chunk) <= self.keep_limit() + self.loose_limit():
-                self._returned.append(chunk)
-                self._returned_bytes += len(chunk)
+        # Bounded even before it is sorted in: a flush that frees a million blocks keeps only this much. (No
+        # lock: deque appends are atomic, and a racing count only makes this bound approximate until the
+        # next sort.)
+        n = len(chunk)
+        if self._returned_bytes + n <= self._return_bound:
+            self._returned_bytes += n
+            self._returned.append(chunk)
         # otherwise the mapping is unmapped as this frame lets go of it
 
     def _sort_returned(self) -> None:
-        if not self._returned:
-            return
-        with self._lock:
-            back = list(self._returned)
-            self._returned.clear()
-            self._returned_bytes = 0
+        returned = self._returned
         keep, loose = self.keep_limit(), self.loose_limit()
-        for chunk in back:
+        self._return_bound = keep + loose
+        charged = 0
+        while returned:
+            chunk = returned.popleft()
             n = len(chunk)
-            if self.charged + n <= keep and self._budget.fits(n):
-                self._charge(n)
+            self._returned_bytes -= n
+            if self.charged + n <= keep and self._budget.fits(charged + n):
+                charged += n
                 self.charged += n
             elif self.kept - self.charged + n > loose:
                 continue  # no room to keep it: unmapped
             self._free.setdefault(n, []).append(chunk)
             self.kept += n
+        if charged:
+            self._charge(charged)
 
     def _unkeep(self, n: int, *, charged_first: bool = False) -> None:
         """``n`` bytes left the free lists. Taken for a block (whose reservation charges it), the uncharged

@@ -132,6 +132,22 @@ class Request:
             pos += take
         return pos
 
+    async def readinto_many(self, views: list[memoryview]) -> int:
+        """Fill each of ``views`` in turn, as :meth:`readinto` would one by one (below ASGI with one wait)."""
+        self.body_started = True
+        if self.direct is not None:
+            n = await self.direct.readinto_many(views)
+            if self.direct.body_done:
+                self.body_done = True
+            return n
+        total = 0
+        for view in views:
+            n = await self.readinto(view)
+            total += n
+            if n < len(view):
+                break
+        return total
+
     async def close_body(self) -> None:
         """Done with the body: its deadline cannot fire later and no buffer of the handler's is written to."""
         if self.direct is not None:

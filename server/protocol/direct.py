@@ -168,8 +168,9 @@ class DirectChannel:
         self._offset = 0  # bytes of cycle.body already taken
         self._sink: _BodySink | None = None
         self._remaining = 0  # while detached: body bytes still in the socket
-        self._dest: memoryview | None = None
-        self._filled = 0
+        self._dests: list[memoryview] | None = None  # while a read waits: the buffers the kernel fills in turn
+        self._current = 0  # the one being filled
+        self._filled = 0  # bytes of it filled
         self._pending = bytearray()  # bytes the sink read while nobody waited (at most _SCRATCH)
         self._scratch: memoryview | None = None
         self._discard = False
@@ -220,6 +221,21 @@ class DirectChannel:
         if self._length is not None and self._taken >= self._length:
             self.body_done = True
         return filled
+
+    async def readinto_many(self, views: list[memoryview]) -> int:
+        """Fill each of ``views`` in turn (fewer bytes only where the body ends). Detached, the kernel fills
+        them one after another and the caller wakes once: one wait for a run of small blocks, not one each."""
+        views = [view for view in views if len(view)]  # an empty buffer would stop the transport
+        total = 0
+        for i, view in enumerate(views):
+            if (self._sink is not None and not self._pending and not self.body_done
+                    and sum(len(v) for v in views[i:]) <= self._remaining):
+                return total + await self._wait_detached(views[i:])
+            n = await self.readinto(view)
+            total += n
+            if n < len(view):
+                break
+        return total
 
     def _count(self, n: int) -> None:
         self._taken += n
@@ -273,23 +289,28 @@ class DirectChannel:
             pos = take
             self._count(take)
         if pos < n:
-            if self._lost_connection:
-                raise ClientDisconnected()
-            self._dest, self._filled = view[pos:], 0
-            self._waiter = self._loop.create_future()
-            self._flow.resume_reading()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-                self._dest = None
+            await self._wait_detached([view[pos:]])
         return n
+
+    async def _wait_detached(self, views: list[memoryview]) -> int:
+        """Let the kernel fill ``views`` (all within what the body has left) in turn; returns their bytes."""
+        if self._lost_connection:
+            raise ClientDisconnected()
+        self._dests, self._current, self._filled = views, 0, 0
+        self._waiter = self._loop.create_future()
+        self._flow.resume_reading()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            self._dests = None
+        return sum(len(v) for v in views)
 
     def _buffer(self) -> memoryview:
         """The sink's ``get_buffer``: the waiting destination, else a scratch buffer (never more than the body
         has left, so the next request's bytes stay in the kernel)."""
-        if self._dest is not None and not self._discard:
-            return self._dest[self._filled:]
+        if self._dests is not None and not self._discard:
+            return self._dests[self._current][self._filled:]
         if self._scratch is None:
             self._scratch = memoryview(bytearray(_SCRATCH))
         return self._scratch[:min(_SCRATCH, self._remaining)]
@@ -299,14 +320,17 @@ class DirectChannel:
         self._remaining -= n
         if self._discard:
             self._taken += n
-        elif self._dest is not None:
+        elif self._dests is not None:
             self._filled += n
             self._count(n)
-            if self._filled == len(self._dest):
-                self._dest = None
-                if self._remaining:
-                    self._flow.pause_reading()  # until the caller hands over its next buffer
-                self._wake(None)
+            if self._filled == len(self._dests[self._current]):
+                self._current += 1
+                self._filled = 0
+                if self._current == len(self._dests):
+                    self._dests = None
+                    if self._remaining:
+                        self._flow.pause_reading()  # until the caller hands over its next buffers
+                    self._wake(None)
         else:
             assert self._scratch is not None
             self._pending += self._scratch[:n]
@@ -337,7 +361,7 @@ class DirectChannel:
     def close_body(self) -> None:
         """The handler is done with the body: no deadline may fire later, no buffer of its is written to."""
         self._stop_watch()
-        self._dest = None
+        self._dests = None
 
     # ------------------------------------------------------------------ writing
 
