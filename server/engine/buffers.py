@@ -15,7 +15,8 @@ Memory: what is kept counts against the node's budget as node state while the bu
 sixteenth of it (at most 256 MiB). A small part (a sixty-fourth, at most 32 MiB) may be kept uncharged: a full
 node evicts a block to make room for the next one, and the victim's buffer is what the next block should get.
 Making room drops kept buffers before it evicts a live block, and a node that takes none for
-:data:`IDLE_SECONDS` gives them all back.
+:data:`IDLE_SECONDS` gives them back (size by size: a size no block asks for any more does not hold the
+room another size needs).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ MIN_POOLED = 64 << 10  # smaller payloads come from the C heap, which reuses its
 PAGE = mmap.PAGESIZE
 KEEP_SHARE, KEEP_CAP = 16, 256 << 20  # kept and charged: at most budget / 16, and 256 MiB
 LOOSE_SHARE, LOOSE_CAP = 64, 32 << 20  # kept but not charged (the budget is full): budget / 64, 32 MiB
-IDLE_SECONDS = 5.0  # no buffer taken for this long: every kept one is unmapped
+IDLE_SECONDS = 5.0  # no buffer of a size taken for this long: the kept ones of that size are unmapped
 MADV_POPULATE_WRITE = 23  # Linux 5.14; not in Python 3.11's mmap module
 
 Payload = bytearray | memoryview
@@ -55,7 +56,7 @@ class PayloadBuffers:
         self._returned_bytes = 0
         self._return_bound = self.keep_limit() + self.loose_limit()  # of what may wait to be sorted in
         self._populate = sys.platform.startswith("linux")
-        self._last_take = clock()
+        self._taken_at: dict[int, float] = {}  # size -> when a buffer of it was last asked for
         self.kept = 0  # bytes of the buffers in the free lists
         self.charged = 0  # the part of ``kept`` counted against the budget
         self.fresh = 0  # buffers mapped because none of the size was kept
@@ -72,8 +73,8 @@ class PayloadBuffers:
         overwrites every byte before anyone reads it, or drops it."""
         if size < MIN_POOLED:
             return bytearray(size)
-        self._last_take = self._clock()
         rounded = -(-size // PAGE) * PAGE
+        self._taken_at[rounded] = self._clock()
         free = self._free.get(rounded)
         if not free and self._returned:
             self._sort_returned()
@@ -97,12 +98,18 @@ class PayloadBuffers:
             self._drop_one(charged_first=True)
 
     def housekeep(self) -> None:
-        """Sort in the buffers that came back; give everything back after :data:`IDLE_SECONDS` without a take,
-        and what exceeds the limits (the budget may have been changed)."""
+        """Sort in the buffers that came back; give back the sizes not asked for in :data:`IDLE_SECONDS`, and
+        what exceeds the limits (the budget may have been changed)."""
         self._sort_returned()
-        if self._clock() - self._last_take >= IDLE_SECONDS:
-            self.clear()
-            return
+        now = self._clock()
+        for size, at in list(self._taken_at.items()):
+            if now - at >= IDLE_SECONDS:
+                del self._taken_at[size]
+                for _ in range(len(self._free.pop(size, ()))):
+                    self._unkeep(size, charged_first=True)
+        for size in [size for size in self._free if size not in self._taken_at]:
+            for _ in range(len(self._free.pop(size))):
+                self._unkeep(size, charged_first=True)
         while self.charged > self.keep_limit():
             self._drop_one(charged_first=True)
         while self.kept - self.charged > self.loose_limit():

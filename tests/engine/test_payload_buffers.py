@@ -192,3 +192,27 @@ def test_buffers_dropped_on_another_thread_come_back(clock: FakeClock) -> None:
     thread.join()
     pool.housekeep()
     assert pool.kept == 4 * BLOCK and sum(charged) == 4 * BLOCK
+
+
+def test_a_size_no_longer_asked_for_gives_its_room_to_another(clock: FakeClock) -> None:
+    """Kept 64 KiB buffers fill the pool's share; the node now writes 1 MiB blocks only. Within IDLE_SECONDS
+    the small ones go (though buffers are being taken all the time) and the large ones are kept instead."""
+    budget = 64 * MiB
+    engine = make_engine(clock, budget=budget)
+    pool = engine.store.buffers
+    for i in range(100):
+        store(engine, f"s{i}", 1)
+    for i in range(100):
+        engine.delete(T, B, f"s{i}")
+    engine.reap()
+    assert pool.charged == pool.keep_limit()  # all of it small buffers
+    for step in range(int(IDLE_SECONDS) + 2):
+        for i in range(4):
+            store(engine, f"big{step}-{i}", 2, MiB)
+            engine.delete(T, B, f"big{step}-{i}")
+        clock.now += 1
+        engine.reap()
+    assert MiB in pool._free and -(-BLOCK // PAGE) * PAGE not in pool._free
+    reused = pool.reused
+    store(engine, "last", 3, MiB)
+    assert pool.reused == reused + 1
