@@ -100,6 +100,19 @@ class Destinations:
             return self._slot
         return None
 
+    def follows(self, index: int, size: int, following: int, following_size: int) -> bool:
+        """Whether block ``following`` (of ``following_size`` bytes) fits the slot that starts right where
+        ``size`` bytes of block ``index`` end: then both can be received with one read (:meth:`span`). Only
+        known for slots of one buffer."""
+        return (self._arena is not None and following == index + 1 and size == self._slot
+                and following_size <= self._slot)
+
+    def span(self, index: int, nbytes: int) -> memoryview:
+        """``nbytes`` of the buffer from block ``index``'s slot on (blocks that :meth:`follows` each other)."""
+        assert self._arena is not None
+        start = index * self._slot
+        return self._arena[start:start + nbytes]
+
     def view(self, index: int, size: int) -> Target | None:
         """A writable view of exactly ``size`` bytes for block ``index``, or None if it cannot hold it."""
         if self._per_block is not None:

@@ -15,12 +15,17 @@ from .buffers import Destinations, Scatter, Target
 from .errors import ProtocolError
 
 
+# One read into a run of slots takes at most this much: the blocks it lands are hashed right after, while
+# they are still in the CPU's cache (one read of a whole 32 MiB run cost the client 20 % more CPU than one read
+# per 64 KiB block; 256 KiB reads cost ~7 % less).
+RUN_READ = 256 << 10
 MAX_BLOCK_BYTES = 1 << 30  # a get answer announcing a bigger block is malformed (nothing is allocated for it)
 
 
 class GetReader:
     """Reads a bulk ``get`` response: head first, then each payload straight into its destination (one view,
-    or the pieces of a :class:`~ctxstore.buffers.Scatter` in turn).
+    or the pieces of a :class:`~ctxstore.buffers.Scatter` in turn). Payloads whose slots follow each other in
+    one caller buffer are read together, up to :data:`RUN_READ` at a time, and still verified one by one.
 
     Whatever bytes arrive, it either places them or raises a :class:`~ctxstore.errors.ProtocolError` (the
     transport then fails the call: a miss), and it never allocates more than the blocks that really arrive:
@@ -43,6 +48,9 @@ class GetReader:
         self.views: list[Target | None] = [None] * n_keys  # per key of this call: where its payload went
         self._queue: list[int] = []  # key indices with a payload, in answer order
         self._q = 0
+        # Per queue position: bytes from that payload's start to the end of the run of payloads whose slots
+        # follow each other in the caller's buffer (0: not in such a run). One read may fill a whole run.
+        self._run: list[int] = []
         self._target: Target | None = None  # where the current payload goes (None: discarded)
         # A Scatter target: the piece being filled, where it starts in the block, the running digest.
         self._piece = 0
@@ -79,6 +87,10 @@ class GetReader:
             return self._DISCARD[:min(size - self._pos, len(self._DISCARD))]
         if isinstance(self._target, Scatter):
             return self._target.pieces[self._piece][self._pos - self._piece_start:]
+        run = self._run[self._q] if self._run else 0
+        if run > size:
+            end = min(run, self._pos + RUN_READ)
+            return self._dest.span(self._indices[self._queue[self._q]], end)[self._pos:]
         return self._target[self._pos:]
 
     def written(self, n: int) -> None:
@@ -96,6 +108,7 @@ class GetReader:
                                            wire.answer_schema("get", self._n_keys))
                 self._plan(wire.decode_get_head(head, self._n_keys), 4 + len(self._head))
             return
+        sizes = self.meta.sizes
         j = self._queue[self._q]
         target = self._target
         if isinstance(target, Scatter):
@@ -104,8 +117,14 @@ class GetReader:
                 self._hasher.update(piece)
                 self._piece += 1
                 self._piece_start = self._pos
-        if self._pos == self.meta.sizes[j]:
+        # A read into a run may have gone past this payload into the ones after it.
+        while self._pos >= sizes[j]:
+            over = self._pos - sizes[j]
             self._landed(j)
+            if not over:
+                break
+            self._pos = over
+            j = self._queue[self._q]
 
     def _plan(self, meta: wire.GetResponse, head_bytes: int) -> None:
         if any(size > self._max_block for size in meta.sizes):
@@ -115,7 +134,14 @@ class GetReader:
                                 f"the head announces {meta.payload_bytes} payload bytes; the answer has "
                                 f"{self._length - head_bytes}")
         self.meta = meta
-        self._queue = [i for i, size in enumerate(meta.sizes) if size != wire.ABSENT]
+        self._queue = queue = [i for i, size in enumerate(meta.sizes) if size != wire.ABSENT]
+        sizes, indices, dest = meta.sizes, self._indices, self._dest
+        run = [0] * len(queue)
+        for q in range(len(queue) - 2, -1, -1):
+            j, k = queue[q], queue[q + 1]
+            if sizes[j] and sizes[k] and dest.follows(indices[j], sizes[j], indices[k], sizes[k]):
+                run[q] = sizes[j] + (run[q + 1] or sizes[k])
+        self._run = run if any(run) else []
         self._next()
 
     def _next(self) -> None:

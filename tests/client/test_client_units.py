@@ -3,6 +3,8 @@ error table, and checksum verification against a tiny fake node on loopback."""
 
 from __future__ import annotations
 
+import os
+
 import asyncio
 import collections
 import time
@@ -245,6 +247,40 @@ def test_get_reader_lands_payloads_whatever_the_splits(payloads: list[bytes | No
             assert view.obj is out[i]  # type: ignore[index]  # in the caller's buffer, not a copy
         if mode == "arena":
             assert bytes(out[i * 300:i * 300 + len(payload)]) == payload  # type: ignore[index]
+
+
+@settings(max_examples=150, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["full", "full", "full", "short", "absent", "empty", "over"]), max_size=12),
+       splits=st.lists(st.integers(1, 2000), max_size=400))
+def test_get_reader_fills_runs_of_arena_slots_with_one_read(kinds: list[str], splits: list[int]) -> None:
+    """Payloads whose slots follow each other in one buffer are offered as one span: each must still land in
+    its own slot, be verified alone, and a block too big for its slot must not spill into the next one."""
+    slot = 300
+    size = {"full": slot, "short": 123, "absent": None, "empty": 0, "over": slot + 1}
+    payloads: list[bytes | None] = [None if size[k] is None else os.urandom(size[k]) for k in kinds]  # type: ignore[arg-type]
+    n = len(payloads)
+    out = bytearray(b"\xee" * (slot * n))
+    dest = Destinations(out, n)
+    reader = GetReader(n, dest, list(range(n)))
+    offered: list[int] = []
+    original = reader.get_buffer
+
+    def get_buffer() -> memoryview:
+        view = original()
+        offered.append(len(view))
+        return view
+
+    reader.get_buffer = get_buffer  # type: ignore[method-assign]
+    _feed(reader, _get_response(payloads), splits)
+    for i, (kind, payload) in enumerate(zip(kinds, payloads)):
+        slot_bytes = bytes(out[i * slot:(i + 1) * slot])
+        if kind in ("absent", "over"):
+            assert reader.views[i] is None and slot_bytes == b"\xee" * slot  # untouched
+            continue
+        assert payload is not None and reader.verified[i] and bytes(reader.views[i]) == payload  # type: ignore[arg-type]
+        assert slot_bytes == payload + b"\xee" * (slot - len(payload))
+    if "full full" in " ".join(kinds) and not splits:
+        assert max(offered) > slot  # a run was offered whole
 
 
 def test_get_reader_byte_by_byte_with_global_indices() -> None:
