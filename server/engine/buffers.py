@@ -12,7 +12,7 @@ still being sent, or a demotion still writing, keeps the buffer. A buffer is han
 block's bytes still in it: every caller fills it in full before anyone reads it, or drops it.
 
 Memory: what is kept counts against the node's budget as node state while the budget has room, up to a
-sixteenth of it (at most 256 MiB). A small part (a sixty-fourth, at most 32 MiB) may be kept uncharged: a full
+sixteenth of it (at most 256 MiB). A small part (a 128th, at most 32 MiB) may be kept uncharged: a full
 node evicts a block to make room for the next one, and the victim's buffer is what the next block should get.
 Making room drops kept buffers before it evicts a live block, and a node that takes none for
 :data:`IDLE_SECONDS` gives them back (size by size: a size no block asks for any more does not hold the
@@ -34,7 +34,7 @@ from .budget import Budget
 MIN_POOLED = 64 << 10  # smaller payloads come from the C heap, which reuses its memory by itself
 PAGE = mmap.PAGESIZE
 KEEP_SHARE, KEEP_CAP = 16, 256 << 20  # kept and charged: at most budget / 16, and 256 MiB
-LOOSE_SHARE, LOOSE_CAP = 64, 32 << 20  # kept but not charged (the budget is full): budget / 64, 32 MiB
+LOOSE_SHARE, LOOSE_CAP = 128, 32 << 20  # kept but not charged (the budget is full): budget / 128, 32 MiB
 IDLE_SECONDS = 5.0  # no buffer of a size taken for this long: the kept ones of that size are unmapped
 MADV_POPULATE_WRITE = 23  # Linux 5.14; not in Python 3.11's mmap module
 
@@ -81,6 +81,8 @@ class PayloadBuffers:
             free = self._free.get(rounded)
         if free:
             chunk = free.pop()
+            if not free:
+                del self._free[rounded]  # no empty lists: making room picks from what is there
             self._unkeep(rounded)
             self.reused += 1
         else:
