@@ -116,6 +116,54 @@ class BodyWatch:
             self._timer = None
 
 
+LINGER_SECONDS = 2.0  # how long a closing connection reads away a body still arriving (then it closes)
+LINGER_BYTES = 64 << 20  # and at most this much of it
+
+
+class _Linger(asyncio.BufferedProtocol):
+    """The transport's protocol after an answer that closes the connection while the client may still be
+    sending its body. The answer went out with a FIN after it (``write_eof``); what still arrives is read
+    and dropped, because closing a socket with unread bytes makes the kernel send a reset, and a reset can
+    destroy the answer before the client has read it (the client then sees a dropped connection instead of
+    its 4xx). Closes at the client's EOF, past :data:`LINGER_BYTES` or after :data:`LINGER_SECONDS`."""
+
+    def __init__(self, transport: asyncio.Transport, http: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._http = http
+        self._left = LINGER_BYTES
+        self._buf = memoryview(bytearray(_SCRATCH))
+        self._timer = loop.call_later(LINGER_SECONDS, self._close)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._left -= nbytes
+        if self._left <= 0:
+            self._close()
+
+    def eof_received(self) -> bool | None:
+        self._close()
+        return False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # pragma: no cover - never the first
+        pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
+        self._http.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._http.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._http.resume_writing()
+
+    def _close(self) -> None:
+        self._timer.cancel()
+        self._transport.close()
+
+
 class _BodySink(asyncio.BufferedProtocol):
     """The transport's protocol while a detached body is read: the kernel writes into the channel's
     destination. Everything else (connection lost, EOF, write flow control) goes on to the HTTP protocol."""
@@ -365,6 +413,17 @@ class DirectChannel:
 
     # ------------------------------------------------------------------ writing
 
+    def _close_after_answer(self) -> None:
+        transport = self._transport
+        if self.body_done or self._lost_connection or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._stop_watch()
+        self._sink = None
+        transport.set_protocol(_Linger(transport, self._http, self._loop))
+        self._flow.resume_reading()
+
     async def respond(self, status: int, headers: Sequence[tuple[str, str]], parts: Sequence[Buffer], *,
                       head: bool, length: int) -> None:
         """Write a whole response: head and every body buffer in one ``writelines``; completes uvicorn's cycle
@@ -402,7 +461,7 @@ class DirectChannel:
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:
-            self._transport.close()
+            self._close_after_answer()
         elif self._sink is not None and not self._lost_connection:
             # Answered before the detached body was read: read the rest of it away (the shell closes the
             # connection instead when more than a small remainder is owed), then parse the next request.
