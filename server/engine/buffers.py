@@ -80,9 +80,7 @@ class PayloadBuffers:
             self._sort_returned()
             free = self._free.get(rounded)
         if free:
-            chunk = free.pop()
-            if not free:
-                del self._free[rounded]  # no empty lists: making room picks from what is there
+            chunk = self._pop(rounded)
             self._unkeep(rounded)
             self.reused += 1
         else:
@@ -104,24 +102,13 @@ class PayloadBuffers:
         what exceeds the limits (the budget may have been changed)."""
         self._sort_returned()
         now = self._clock()
-        for size, at in list(self._taken_at.items()):
-            if now - at >= IDLE_SECONDS:
-                del self._taken_at[size]
-                for _ in range(len(self._free.pop(size, ()))):
-                    self._unkeep(size, charged_first=True)
+        self._taken_at = {size: at for size, at in self._taken_at.items() if now - at < IDLE_SECONDS}
         for size in [size for size in self._free if size not in self._taken_at]:
-            for _ in range(len(self._free.pop(size))):
-                self._unkeep(size, charged_first=True)
+            self._unkeep(size * len(self._free.pop(size)), charged_first=True)
         while self.charged > self.keep_limit():
             self._drop_one(charged_first=True)
         while self.kept - self.charged > self.loose_limit():
             self._drop_one(charged_first=False)
-
-    def clear(self) -> None:
-        """Unmap every kept buffer (those in use come back later, and are kept or dropped then)."""
-        self._free.clear()
-        self._charge(-self.charged)
-        self.kept = self.charged = 0
 
     # ------------------------------------------------------------------ internals
 
@@ -177,10 +164,16 @@ class PayloadBuffers:
             self._charge(charged - self.charged)
             self.charged = charged
 
-    def _drop_one(self, *, charged_first: bool) -> None:
-        size = max(self._free)
+    def _pop(self, size: int) -> mmap.mmap:
+        """A kept buffer of ``size`` (there is one); no empty list is left behind (making room picks from
+        the sizes that are there)."""
         free = self._free[size]
-        free.pop()
+        chunk = free.pop()
         if not free:
             del self._free[size]
+        return chunk
+
+    def _drop_one(self, *, charged_first: bool) -> None:
+        size = max(self._free)
+        self._pop(size)
         self._unkeep(size, charged_first=charged_first)

@@ -275,12 +275,13 @@ class DirectChannel:
         them one after another and the caller wakes once: one wait for a run of small blocks, not one each."""
         views = [view for view in views if len(view)]  # an empty buffer would stop the transport
         total = 0
+        left = sum(len(view) for view in views)
         for i, view in enumerate(views):
-            if (self._sink is not None and not self._pending and not self.body_done
-                    and sum(len(v) for v in views[i:]) <= self._remaining):
+            if self._sink is not None and not self._pending and not self.body_done and left <= self._remaining:
                 return total + await self._wait_detached(views[i:])
             n = await self.readinto(view)
             total += n
+            left -= len(view)
             if n < len(view):
                 break
         return total
@@ -414,8 +415,11 @@ class DirectChannel:
     # ------------------------------------------------------------------ writing
 
     def _close_after_answer(self) -> None:
+        """Close once the answer is out; if the client may still be sending its body, linger (:class:`_Linger`)
+        so that its bytes left unread do not reset the connection before it has read the answer."""
         transport = self._transport
-        if self.body_done or self._lost_connection or not transport.can_write_eof():
+        unread = self._sink is not None or self._cycle.more_body
+        if self.body_done or not unread or self._lost_connection or not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()

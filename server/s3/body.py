@@ -74,9 +74,14 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
     try:
         # A known length: one buffer of that size, filled in place. Unknown: a buffer that grows (its size
         # bounded by the reservation, which refuses what passes the object size limit).
-        growing = bytearray()
-        data = (call.engine.payload_buffer(length) if length is not None and length >= POOLED_BODY
-                else bytearray(length) if length is not None else growing)
+        growing = bytearray()  # the buffer of a body of unknown length
+        data: bytearray | memoryview
+        if length is None:
+            data = growing
+        elif length >= POOLED_BODY:
+            data = call.engine.payload_buffer(length)
+        else:
+            data = bytearray(length)
         view = memoryview(data) if length is not None else None
         pos = 0
         try:

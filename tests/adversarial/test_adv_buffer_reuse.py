@@ -5,6 +5,7 @@ written over and over delivers the old bytes intact, and every new block reads b
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import socket
 import time
@@ -93,8 +94,6 @@ def test_mixed_sizes_on_a_full_node_never_fail_or_mix_up_blocks(full_node: Node)
     answered 500 InternalError once a size's kept buffers had been taken to the last (found by
     benchmarks/rss_mixed_load.py). Every write must succeed (or be refused with 503) and every read give the
     last bytes written to its key, or 404."""
-    import random
-
     rng = random.Random(7)
     bucket = "mixed-" + secrets.token_hex(4)
     latest: dict[str, bytes] = {}

@@ -47,6 +47,14 @@ def store(engine: Engine, key: str, byte: int, size: int = BLOCK) -> None:
     engine.put(T, B, key, data, etag='"x"')
 
 
+def store_then_delete(engine: Engine, n: int, prefix: str = "k", size: int = BLOCK) -> None:
+    """``n`` blocks written, all of them then deleted: their buffers come back to the pool."""
+    for i in range(n):
+        store(engine, f"{prefix}{i}", i % 251, size)
+    for i in range(n):
+        engine.delete(T, B, f"{prefix}{i}")
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -101,10 +109,7 @@ def test_kept_buffers_are_charged_and_room_drops_them_before_any_block(clock: Fa
     pool = engine.store.buffers
     # Blocks of 64 KiB, deleted: their buffers are kept, charged up to a sixteenth of the budget, and a
     # 128th more uncharged.
-    for i in range(64):
-        store(engine, f"k{i}", i)
-    for i in range(64):
-        engine.delete(T, B, f"k{i}")
+    store_then_delete(engine, 64)
     engine.reap()
     assert pool.charged == pool.keep_limit() == budget // 16
     assert pool.kept - pool.charged == pool.loose_limit() == budget // 128
@@ -140,10 +145,7 @@ def test_what_comes_back_at_once_is_bounded(clock: FakeClock) -> None:
     """Removing thousands of blocks at once keeps only the pool's limits, not all their memory."""
     engine = make_engine(clock, budget=256 * MiB)
     pool = engine.store.buffers
-    for i in range(600):
-        store(engine, f"k{i}", 1)
-    for i in range(600):
-        engine.delete(T, B, f"k{i}")
+    store_then_delete(engine, 600)
     assert pool._returned_bytes <= pool.keep_limit() + pool.loose_limit()
     engine.reap()
     assert pool.charged <= pool.keep_limit() and pool.kept - pool.charged <= pool.loose_limit()
@@ -168,10 +170,7 @@ def test_an_idle_node_gives_every_kept_buffer_back(clock: FakeClock) -> None:
 def test_a_smaller_budget_shrinks_what_is_kept(clock: FakeClock) -> None:
     engine = make_engine(clock, budget=64 * MiB)
     pool = engine.store.buffers
-    for i in range(40):
-        store(engine, f"k{i}", i)
-    for i in range(40):
-        engine.delete(T, B, f"k{i}")
+    store_then_delete(engine, 40)
     engine.reap()
     assert pool.charged > 1 * MiB
     engine.config.budget = 16 * MiB  # what the admin API's settings do
@@ -200,10 +199,7 @@ def test_a_size_no_longer_asked_for_gives_its_room_to_another(clock: FakeClock) 
     budget = 64 * MiB
     engine = make_engine(clock, budget=budget)
     pool = engine.store.buffers
-    for i in range(100):
-        store(engine, f"s{i}", 1)
-    for i in range(100):
-        engine.delete(T, B, f"s{i}")
+    store_then_delete(engine, 100, "s")
     engine.reap()
     assert pool.charged == pool.keep_limit()  # all of it small buffers
     for step in range(int(IDLE_SECONDS) + 2):
