@@ -53,6 +53,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 S3_PREFIX = "ctxstore-bench"
 MODEL = "ctxstore-bench"  # the namespace fingerprint's model: bench blocks never match a real model's
 INSTALL_RICH = "pip install 'ctxstore[cli]'"
+CLEANUP_ATTEMPTS, CLEANUP_PAUSE = 5, 0.5  # a bucket not yet empty after a Ctrl-C: tries, pause between
 # Why an operation ended before --count: OpResult.stopped_by -> what the table says.
 STOPPED = {"count": "--count done", "duration": "--duration reached", "interrupted": "interrupted",
            "nothing written": "nothing to read: the write before it sent nothing"}
@@ -352,13 +353,47 @@ class Bench:
                 "interrupted": interrupted}
 
     async def cleanup(self) -> dict[str, Any]:
-        """Delete the blocks and objects this run sent and the bucket where it created it (unless ``keep``)."""
+        """Delete the blocks and objects this run sent and the bucket where it created it (unless ``keep``).
+
+        After a Ctrl-C the requests that were in flight may still land once their keys were deleted: a bucket
+        that is then not empty gets those last keys deleted again, a few times over about two seconds."""
         out: dict[str, Any] = {"kept": self.config.keep, "prompts": self.saved, "objects": self.s3_written,
                                "blocks_deleted": 0, "objects_deleted": 0, "bucket_deleted_on": [], "errors": []}
         if self.config.keep or self.ns is None:
             return out
+        await self._delete_sent(out, 0, 0)
+        in_flight = self.config.concurrency  # at most this many requests were cut short
+        for attempt in range(CLEANUP_ATTEMPTS):
+            errors: list[str] = []
+            not_empty = False
+            for node in self.store.pod.nodes:
+                if node.name not in self.created_on or node.name in out["bucket_deleted_on"]:
+                    continue
+                try:
+                    response = await self._s3_on(node, "DELETE", None)
+                except (ContextStoreError, TimeoutError) as exc:
+                    errors.append(f"delete bucket on {node.name}: {exc}")
+                    continue
+                if response.status in (200, 204):
+                    out["bucket_deleted_on"].append(node.name)
+                else:
+                    error = _s3_error(response)
+                    not_empty = not_empty or error.endswith("BucketNotEmpty")
+                    errors.append(f"delete bucket on {node.name}: {error}")
+            if not not_empty or attempt == CLEANUP_ATTEMPTS - 1:
+                out["errors"] += errors
+                break
+            await asyncio.sleep(CLEANUP_PAUSE)
+            await self._delete_sent(out, max(0, self.saved - in_flight), max(0, self.s3_written - in_flight))
+        out["errors"] = out["errors"][:10]
+        return out
+
+    async def _delete_sent(self, out: dict[str, Any], first_prompt: int, first_object: int) -> None:
+        """Delete the blocks of prompts ``first_prompt..saved-1`` and the objects ``first_object..s3_written-1``,
+        counting what was deleted into ``out``."""
+        assert self.ns is not None
         ns = self.ns
-        for start in range(0, self.saved, 256):  # bounded batches of keys
+        for start in range(first_prompt, self.saved, 256):  # bounded batches of keys
             keys = [k for p in range(start, min(self.saved, start + 256)) for k in ns.block_hashes(self.tokens(p))]
             try:
                 out["blocks_deleted"] += await self.store.keys_op(ns.bucket, "delete", keys)
@@ -376,21 +411,7 @@ class Bench:
                 if response.status in (200, 204):
                     out["objects_deleted"] += 1
 
-        await asyncio.gather(*(delete_object(i) for i in range(self.s3_written)))
-        for node in self.store.pod.nodes:
-            if node.name not in self.created_on:
-                continue
-            try:
-                response = await self._s3_on(node, "DELETE", None)
-            except (ContextStoreError, TimeoutError) as exc:
-                out["errors"].append(f"delete bucket on {node.name}: {exc}")
-                continue
-            if response.status in (200, 204):
-                out["bucket_deleted_on"].append(node.name)
-            else:
-                out["errors"].append(f"delete bucket on {node.name}: {_s3_error(response)}")
-        out["errors"] = out["errors"][:10]
-        return out
+        await asyncio.gather(*(delete_object(i) for i in range(first_object, self.s3_written)))
 
 
 # ---------------------------------------------------------------------------------------------- command line

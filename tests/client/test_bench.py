@@ -4,18 +4,22 @@ operation runs and is counted, it stops at --count or --duration, it cleans up w
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
+from ctxstore import AsyncContextStore, SaveResult
+from ctxstore.bench import Bench, Config
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
 
 COMMAND = str(Path(sys.executable).parent / "ctxstore")  # the console script pyproject.toml installs
@@ -209,3 +213,36 @@ def test_ctrl_c_stops_it_and_it_still_cleans_up(pod: list[Node]) -> None:
     assert report["interrupted"] and report["operations"][0]["stopped_by"] == "interrupted"
     assert report["cleanup"]["blocks_deleted"] > 0
     assert all(bucket_on(n, "bench-int") is None for n in pod)
+
+
+def test_a_save_that_lands_after_its_keys_were_deleted_is_cleaned_up_too(pod: list[Node]) -> None:
+    # After a Ctrl-C a save already sent can still land once the cleanup deleted its keys: the bucket is then
+    # not empty. Here that save lands right after the cleanup's first delete (as a cut-short request does).
+    nodes = ",".join(f"127.0.0.1:{n.port}" for n in pod)
+    landed: list[SaveResult] = []
+
+    async def scenario() -> dict[str, Any]:
+        store = AsyncContextStore(nodes, access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+        bench = Bench(Config(nodes=nodes, namespace="bench-late", ops=("save",), count=4, blocks=8,
+                             block_size=4 * KiB, concurrency=2), store)
+        delete_keys = store.keys_op
+
+        async def keys_op(bucket: str, op: str, keys: Sequence[str], **kwargs: Any) -> int:
+            n = await delete_keys(bucket, op, keys, **kwargs)
+            if op == "delete" and not landed:
+                assert bench.ns is not None
+                landed.append(await bench.ns.save(bench.tokens(bench.saved - 1), bench.blocks))
+            return n
+
+        store.keys_op = keys_op  # type: ignore[method-assign]
+        try:
+            return await bench.run()
+        finally:
+            await store.aclose()
+
+    report = asyncio.run(scenario())
+    assert landed and landed[0].stored == 8
+    cleanup = report["cleanup"]
+    assert cleanup["errors"] == [] and cleanup["blocks_deleted"] == 4 * 8 + 8
+    assert sorted(cleanup["bucket_deleted_on"]) == sorted(report["nodes"])
+    assert all(bucket_on(n, "bench-late") is None for n in pod)
