@@ -7,14 +7,20 @@ where a freed block below a live one is never given back: RSS then stays far abo
 has gone (measured: +89 MiB, 7x the object size, after six stalled 12 MiB answers were closed), and under mixed
 load it settles at 1.25x the budget above the process's base. Three things keep it close:
 
-- a fixed mmap threshold (64 KiB: a block of 64 KiB or more gets its own mapping, returned when freed; the
-  kernel's map count, 65530 by default, bounds how many: past it glibc uses the heap);
+- a fixed mmap threshold (1 MiB: an allocation that large gets its own mapping, returned when freed; fixing it
+  stops the adaptive rise). Payloads of 64 KiB or more do not come from malloc at all: they live in the
+  node's own reused mappings (``engine/buffers.py``), so what the heap holds between 64 KiB and 1 MiB is
+  short-lived (a socket read, the parser's body chunks, an answer's head);
 - a low trim threshold and :func:`trim` once a second (``malloc_trim``: the free pages *inside* the heap go
   back too, so what lives on the heap costs what it holds);
 - two arenas, so the helper threads (hashing, file I/O) do not each keep an arena of their own.
 
 Measured with ``benchmarks/rss_mixed_load.py`` (docs/hardening.md): 1.10 above the base with the threshold at
-256 KiB, 1.04 at 64 KiB with the trim; without the fixed threshold 1.10.
+256 KiB, 1.04 at 64 KiB with the trim; without the fixed threshold 1.10. The threshold was 64 KiB until S3 PUT
+bodies of 64 KiB and more moved into reused mappings: at 64 KiB, each transient buffer of a 64 KiB PUT (the
+socket read, the parser's chunk, the body) was a fresh mapping faulted in page by page and unmapped again,
+~200 µs of a PUT's ~600 (docs/benchmarks.md, "S3"). At 1 MiB the same load stays at 1.10 (60 s, one round;
+1.15 with the threshold raised but PUT bodies under 1 MiB still on the heap).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
-MMAP_THRESHOLD = 64 << 10  # payload-sized buffers above this get their own mapping, returned on free
+MMAP_THRESHOLD = 1 << 20
 TRIM_THRESHOLD = 1 << 20
 ARENA_MAX = 2
 

@@ -78,10 +78,8 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
         data: bytearray | memoryview
         if length is None:
             data = growing
-        elif length >= POOLED_BODY:
+        else:  # a reused buffer from 64 KiB up, as for a bulk block: no page faults, nothing long-lived on the heap
             data = call.engine.payload_buffer(length)
-        else:
-            data = bytearray(length)
         view = memoryview(data) if length is not None else None
         pos = 0
         try:
@@ -133,11 +131,6 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
 
 
 READ_SLICE = 1 << 20  # the reservation grows by this much before each slice of a body is read
-# A PUT body of at least this size lands in a reused payload buffer (engine/buffers.py): measured with
-# benchmarks/s3_throughput.py in the same rounds against plain buffers, 1.19x the PUTs of 1 MiB, but 0.90x
-# those of 64 KiB, for a reason not found (the buffer's own take and release cost ~4 us; the bulk put, whose
-# bodies the kernel writes into the buffer directly, gains at 64 KiB too).
-POOLED_BODY = 1 << 20
 
 
 async def _read_direct(req: Request, view: memoryview, reservation: Reservation, hashers: list[Any]) -> None:
