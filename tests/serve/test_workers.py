@@ -205,3 +205,17 @@ def test_each_shard_has_its_own_share_of_the_flash_tier(tmp_path: Path) -> None:
         assert all(list((disk / f"shard-{i}").glob("seg-*.dat")) for i in range(2))
     finally:
         node.stop()
+
+
+@pytest.mark.timeout(600)
+def test_the_bulk_and_s3_suites_pass_against_a_two_shard_node(tmp_path: Path) -> None:
+    # The session node of tests/conftest.py becomes a --workers 2 node (the tests talk to its first shard): the
+    # bulk data path below ASGI and the S3 path, whole suites, on a shard exactly as on a single node.
+    tests = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "run"),
+         str(tests / "bulk"), str(tests / "s3")],
+        env={**os.environ, "CTXSTORE_TEST_WORKERS": "2"}, cwd=tests.parent, capture_output=True, text=True,
+        timeout=540, check=False)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    assert out.returncode == 0 and " passed" in summary and "failed" not in summary, out.stdout[-6000:] + out.stderr[-2000:]
