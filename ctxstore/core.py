@@ -261,7 +261,17 @@ class AsyncContextStore:
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
         present block from eviction for that many seconds (a restore is about to follow)."""
-        return [wire.ABSENT if f is None else f[0] for f in await self.locate_keys(bucket, keys, pin=pin)]
+        sizes = [wire.ABSENT] * len(keys)
+
+        def place(idx: list[int], result: wire.LookupResponse) -> None:
+            if len(idx) == len(keys):  # one node holds them all: its answer is in key order already
+                sizes[:] = result.sizes
+                return
+            for i, size in zip(idx, result.sizes, strict=True):
+                sizes[i] = size
+
+        await self._lookup(bucket, keys, pin, place)
+        return sizes
 
     async def locate_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0
                           ) -> list[tuple[int, str] | None]:
@@ -270,19 +280,28 @@ class AsyncContextStore:
         :meth:`lookup_keys`."""
         found: list[tuple[int, str] | None] = [None] * len(keys)
 
-        async def one(node: Node, idx: list[int]) -> None:
-            head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
-            result = await self._exchange(node, bucket, "lookup", head,
-                                          lambda r: wire.decode_lookup_response(_head(r, "lookup", len(idx)), len(idx)))
-            if result is None:
-                return
+        def place(idx: list[int], result: wire.LookupResponse) -> None:
             tiers = result.tiers or [wire.TIER_RAM] * len(idx)
             for i, size, code in zip(idx, result.sizes, tiers, strict=True):
                 if size != wire.ABSENT:
                     found[i] = (size, wire.TIER_NAMES.get(code, "ram"))
 
-        await self._fan_out(one, keys)
+        await self._lookup(bucket, keys, pin, place)
         return found
+
+    async def _lookup(self, bucket: str, keys: Sequence[str], pin: float,
+                      place: Callable[[list[int], wire.LookupResponse], None]) -> None:
+        """One lookup call per node; ``place(idx, answer)`` takes each node's answer (not called for a node
+        that failed: its keys stay missing)."""
+
+        async def one(node: Node, idx: list[int]) -> None:
+            head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
+            result = await self._exchange(node, bucket, "lookup", head,
+                                          lambda r: wire.decode_lookup_response(_head(r, "lookup", len(idx)), len(idx)))
+            if result is not None:
+                place(idx, result)
+
+        await self._fan_out(one, keys)
 
     async def prefetch_keys(self, bucket: str, keys: Sequence[str]) -> int:
         """Ask the nodes to bring these keys' flash-resident blocks into RAM (a restore of them follows); the

@@ -138,6 +138,8 @@ class Pod:
 
     def group(self, keys: Sequence[str]) -> dict[Node, list[int]]:
         """Key indices per owning node, in key order."""
+        if len(self.nodes) == 1:  # rendezvous hashing over one node: it owns every key
+            return {self.nodes[0]: list(range(len(keys)))} if keys else {}
         groups: dict[Node, list[int]] = {}
         for i, key in enumerate(keys):
             groups.setdefault(self.owner(key), []).append(i)
