@@ -204,12 +204,15 @@ def head_length(prefix: bytes | bytearray | memoryview) -> int:
 
 def _keys(head: dict[str, Any], max_keys: int) -> list[str]:
     keys = head.get("keys")
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+    if not isinstance(keys, list) or not set(map(type, keys)) <= {str}:
         raise WireError("'keys' must be a list of strings")
     if len(keys) > max_keys:
         raise WireError(f"{len(keys)} keys exceed the limit of {max_keys} per call", "TooManyKeys")
-    for k in keys:
-        if not k or len(k.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+    if keys:
+        lengths = list(map(len, keys))
+        # A character is at most 4 bytes of UTF-8: only keys of more than 256 characters need encoding to check.
+        if min(lengths) == 0 or (max(lengths) > MAX_KEY_BYTES // 4 and any(
+                len(k.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES for k in keys)):
             raise WireError("keys must be 1 to 1024 bytes of UTF-8", "InvalidArgument")
     return keys
 

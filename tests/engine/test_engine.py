@@ -1575,3 +1575,18 @@ def test_choosing_a_victim_does_not_scan_the_buckets(clock: FakeClock) -> None:
     engine.set_limits(budget=engine.used - 2 * 720)  # room for three fewer objects
     assert [(reason, obj.bucket) for reason, _, _, obj in rec.removed[:3]] == [("evicted", n) for n in oldest]
     check_accounting(engine)
+
+
+def test_a_lookup_that_names_an_expired_key_twice_removes_it_once(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    events = Recorder(engine)
+    engine.put(T, B, "gone", payload(1), etag='"e"', ttl=1)
+    engine.put(T, B, "kept", payload(2), etag='"e"', ttl=100)
+    clock.advance(2)
+    found = engine.lookup(T, B, ["gone", "kept", "gone", "kept"])
+    assert [o.key if o is not None else None for o in found] == [None, "kept", None, "kept"]
+    assert events.reasons() == [("expired", "gone")]
+    stats = engine.stats()
+    assert stats["objects"] == 1 and stats["hits"] == 2 and stats["misses"] == 2
+    engine.delete(T, B, "kept")
+    assert engine.used == engine.store.budget.state  # every object's charge came back exactly once
