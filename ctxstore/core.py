@@ -32,7 +32,7 @@ from .errors import (
 from .hashing import Fingerprint
 from .metrics import Metrics
 from .pod import Node, Pod, expand_dns, is_ip, parse_nodes
-from .frames import GetReader
+from .frames import GetReader, TrailedPayloads
 from .sigv4 import Signer
 from .transport import BodyReader, Buffer, BytesReader, Response, request_head
 
@@ -192,16 +192,25 @@ class AsyncContextStore:
 
     # ------------------------------------------------------------------ one call to one node
 
-    async def _call(self, node: Node, bucket: str, op: str, head_bytes: bytes, payloads: Sequence[Buffer],
-                    reader: BodyReader | None = None) -> Response:
+    async def _call(self, node: Node, bucket: str, op: str, head_bytes: bytes,
+                    payloads: Sequence[Buffer] | TrailedPayloads, reader: BodyReader | None = None) -> Response:
         """One bulk request; a 200 answer's body goes to ``reader`` (default: a small buffer), others to a
         buffer the error is read from. Raises the client error of any failure."""
         if not node.up:
             raise NodeUnavailable(node.name, "marked down")
         path = wire.path(bucket, op)
-        length = len(head_bytes) + sum(len(p) for p in payloads)
+        streamed = isinstance(payloads, TrailedPayloads)
+        body: Sequence[Buffer] | TrailedPayloads
+        if isinstance(payloads, TrailedPayloads):
+            length = len(head_bytes) + payloads.length
+            body = payloads
+        else:
+            length = len(head_bytes) + sum(len(p) for p in payloads)
+            body = (head_bytes, *payloads)
         request = request_head("POST", node.host_header, path,
                                self.signer.headers("POST", node.host_header, path), length)
+        if streamed:  # the frame's head goes out with the request's
+            request += head_bytes
 
         def factory(status: int, n: int) -> BodyReader:
             return reader if status == 200 and reader is not None else BytesReader(n)
@@ -209,7 +218,7 @@ class AsyncContextStore:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeouts.total):
-                response = await node.pool.request(request, (head_bytes, *payloads), factory)
+                response = await node.pool.request(request, body, factory)
         except TimeoutError:
             exc: ContextStoreError = NodeUnavailable(node.name, f"call exceeded {self.timeouts.total:g} s")
             self.pod.mark_down(node, str(exc))
@@ -220,8 +229,13 @@ class AsyncContextStore:
         except wire.WireError as exc:
             raise ProtocolError(node.name, 200, exc.code, str(exc)) from None
         self.metrics.observe(op, time.perf_counter() - started)
-        if response.status != 200:
+        if response.status == 200:
+            node.put_trailer = wire.has_feature(response.headers, wire.FEATURE_PUT_TRAILER)
+        else:
             error = _error_of(node, response)
+            if streamed and isinstance(error, ProtocolError) and error.code == "MalformedFrame":
+                node.put_trailer = False  # e.g. a node rolled back to a version without trailers
+                raise _TrailerRefused()
             if response.status >= 500 and not isinstance(error, SlowDown):
                 self.pod.mark_down(node, str(error))
             raise error
@@ -240,7 +254,7 @@ class AsyncContextStore:
         return [indices[i:i + n] for i in range(0, len(indices), n)]
 
     async def _exchange(self, node: Node, bucket: str, op: str, head: bytes, decode: Callable[[Response], T], *,
-                        payloads: Sequence[Buffer] = (), reader: BodyReader | None = None,
+                        payloads: Sequence[Buffer] | TrailedPayloads = (), reader: BodyReader | None = None,
                         recreate_bucket: bool = False) -> T | None:
         """One bulk call to one node and its decoded answer. A failure is counted and answers None (strict mode
         raises it instead). ``recreate_bucket``: a node that restarted empty since this store created the bucket
@@ -353,23 +367,39 @@ class AsyncContextStore:
 
         async def one(node: Node, idx: list[int]) -> None:
             for batch in _byte_runs(idx, [len(blocks[i]) for i in idx], self.limits.bytes_per_call):
-                req = wire.PutRequest(
-                    keys=[keys[i] for i in batch], sizes=[len(blocks[i]) for i in batch],
-                    xxh3=[xxhash.xxh3_64_intdigest(blocks[i]) for i in batch], ttl=ttl, if_absent=if_absent,
-                )
-                n = len(batch)  # the answer is decoded before the next batch starts
-                answer = await self._exchange(node, bucket, "put", wire.encode_put_head(req),
-                                              lambda r: wire.decode_put_response(_head(r, "put", n), n),
-                                              payloads=[blocks[i] for i in batch], recreate_bucket=True)
-                if answer is not None:
+                answer = await self._put_batch(node, bucket, [keys[i] for i in batch], [blocks[i] for i in batch],
+                                               ttl, if_absent)
+                if answer is not None:  # decoded before the next batch starts
                     result.stored += answer.results.count("stored")
                     result.existed += answer.results.count("exists")
-                    self.metrics.count("bytes_out", req.payload_bytes)
+                    self.metrics.count("bytes_out", sum(len(blocks[i]) for i in batch))
 
         await self._fan_out(one, keys)
         # Everything neither stored nor found: rejected, failed calls, and blocks of nodes marked down.
         result.failed = len(keys) - result.stored - result.existed
         return result
+
+    async def _put_batch(self, node: Node, bucket: str, keys: list[str], blocks: list[memoryview],
+                         ttl: float | None, if_absent: bool) -> wire.PutResponse | None:
+        """One put call. To a node that announced it, the checksums follow the payloads (each block hashed as
+        it is sent); a node that then refuses that frame (it was replaced by an older version) gets the call
+        again with the checksums in the head."""
+        n = len(keys)
+
+        def decode(r: Response) -> wire.PutResponse:
+            return wire.decode_put_response(_head(r, "put", n), n)
+
+        sizes = [len(b) for b in blocks]
+        if node.put_trailer:
+            head = wire.encode_put_head(wire.PutRequest(keys, sizes, None, ttl, if_absent))
+            try:
+                return await self._exchange(node, bucket, "put", head, decode, payloads=TrailedPayloads(blocks),
+                                            recreate_bucket=True)
+            except _TrailerRefused:
+                pass
+        head = wire.encode_put_head(wire.PutRequest(keys, sizes, [xxhash.xxh3_64_intdigest(b) for b in blocks],
+                                                    ttl, if_absent))
+        return await self._exchange(node, bucket, "put", head, decode, payloads=blocks, recreate_bucket=True)
 
     async def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                       seconds: float = 0.0) -> int:
@@ -550,6 +580,11 @@ def _head(response: Response, kind: str, n_keys: int) -> dict[str, Any]:
     if not isinstance(response.reader, BytesReader):
         raise wire.WireError("expected a frame-only answer")
     return wire.unpack_head(response.reader.data, wire.answer_schema(kind, n_keys))[0]
+
+
+class _TrailerRefused(Exception):
+    """A put with a checksum trailer was answered MalformedFrame: send it again the first bulk API's way. (Not a
+    ContextStoreError: no failure is counted or raised for it.)"""
 
 
 def _error_of(node: Node, response: Response) -> ContextStoreError:

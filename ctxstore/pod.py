@@ -79,6 +79,8 @@ class Node:
     up: bool = True
     failures: int = 0
     last_error: str = ""
+    # The node's last bulk answer announced puts with a checksum trailer (wire.FEATURE_PUT_TRAILER).
+    put_trailer: bool = False
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

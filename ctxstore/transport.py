@@ -14,7 +14,7 @@ Scope: exactly what the bulk API needs — one request per connection at a time,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from . import wire
@@ -60,6 +60,21 @@ class BytesReader:
 ReaderFactory = Callable[[int, int], BodyReader]  # (status, content_length) -> reader
 
 
+class BodyStream(Protocol):
+    """A request body made while it is sent, ``length`` bytes in all: ``groups()`` yields groups of buffers,
+    each handed to the transport at once; the next group is made while the kernel sends the previous ones.
+    Each call of ``groups()`` starts the body again (a request retried on a fresh connection)."""
+
+    length: int
+
+    def groups(self) -> Iterator[Sequence[Buffer]]: ...
+
+
+# A streamed body waits for the transport once this much of it is still queued in user space (the kernel's
+# socket buffers hold more): the next group is made while that drains.
+STREAM_QUEUE = 1 << 20
+
+
 class Response:
     __slots__ = ("status", "headers", "reader")
 
@@ -95,6 +110,7 @@ class Connection(asyncio.BufferedProtocol):
         self._broken: Exception | None = None
         self._failing = False
         self._sink = memoryview(bytearray(SINK_BYTES))
+        self._drained: asyncio.Future[None] | None = None  # while a streamed body waits for the transport
 
     # -------------------------------------------------------------- asyncio protocol callbacks
 
@@ -107,12 +123,17 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = None
         self._cancel_timer()
         self._fail(NodeUnavailable(self.node, f"connection closed{': ' + str(exc) if exc else ''}"))
+        self._wake_writer()
 
     def pause_writing(self) -> None:
-        pass  # a request's bytes are all handed to the transport at once (request): nothing to hold back
+        pass  # flow control is asked for by a streamed body only (it looks at the transport's queue)
 
     def resume_writing(self) -> None:
-        pass
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         """Where the next bytes go. Never fails and never closes anything (see ``_broken``)."""
@@ -160,8 +181,9 @@ class Connection(asyncio.BufferedProtocol):
 
     # -------------------------------------------------------------- request/response
 
-    async def request(self, head: bytes, body: Sequence[Buffer], factory: ReaderFactory) -> Response:
-        """Send ``head`` (request line + headers) and ``body`` parts; return the response once its body is in."""
+    async def request(self, head: bytes, body: Sequence[Buffer] | BodyStream, factory: ReaderFactory) -> Response:
+        """Send ``head`` (request line + headers) and ``body`` (its parts, or a :class:`BodyStream`); return the
+        response once its body is in."""
         if self.transport is None or not self.reusable:
             raise NodeUnavailable(self.node, "connection closed")
         self.used = True
@@ -175,11 +197,30 @@ class Connection(asyncio.BufferedProtocol):
         # and keeps the rest referenced, not copied (one write per block made 2,048 system calls per 128 MiB
         # save). Flow control is the transport's. A node that answers early (e.g. "over the limit") and closes
         # before taking the whole body: that answer is the outcome, not a dead node.
-        transport.writelines([head, *body])
         try:
+            if isinstance(body, Sequence):
+                transport.writelines([head, *body])
+            else:
+                transport.write(head)
+                await self._stream(transport, body, waiter)
             return await waiter
         finally:
             self._cancel_timer()
+
+    async def _stream(self, transport: asyncio.Transport, body: BodyStream, waiter: asyncio.Future[Response]) -> None:
+        """Write ``body`` group by group, waiting whenever more than :data:`STREAM_QUEUE` is still queued; stops
+        early if the node has answered (an early error) or the connection is gone."""
+        transport.set_write_buffer_limits(high=STREAM_QUEUE)  # resume_writing comes below a quarter of it
+        for group in body.groups():
+            if waiter.done() or transport.is_closing():
+                return
+            transport.writelines(group)
+            if transport.get_write_buffer_size() > STREAM_QUEUE:
+                self._drained = self._loop.create_future()
+                try:
+                    await asyncio.wait((self._drained, waiter), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    self._drained = None
 
     def _parse_head(self) -> None:
         end = self._scratch.find(b"\r\n\r\n", 0, self._scratch_len)
@@ -326,7 +367,7 @@ class Pool:
             raise NodeUnavailable(self.name, f"connect failed: {exc.strerror or exc}") from None
         return conn
 
-    async def request(self, head: bytes, body: Sequence[Buffer], factory: ReaderFactory,
+    async def request(self, head: bytes, body: Sequence[Buffer] | BodyStream, factory: ReaderFactory,
                       *, idempotent: bool = True) -> Response:
         """One request on a pooled connection. A stale keep-alive connection that fails before answering is
         retried once on a fresh connection when the request is idempotent."""

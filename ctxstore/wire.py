@@ -17,7 +17,10 @@ op         head                                                                 
 lookup     ``{v, keys: [str], pin: float}``                                        none
 get        ``{v, keys: [str], pin: float}``                                        none
 put        ``{v, keys: [str], sizes: [int], xxh3: [int], ttl: float|None,          the blocks
-           if_absent: bool}``
+           if_absent: bool}``, or ``trailer: true`` instead of ``xxh3``: the        (then, with
+           checksums follow the payloads (:data:`TRAILER`), so a client hashes      ``trailer``,
+           each block as it sends it (only to a node that announced it:             their XXH3-64s)
+           :data:`FEATURES_HEADER`)
 touch      ``{v, keys: [str], ttl: float|None}``                                   none
 pin        ``{v, keys: [str], seconds: float}``                                    none
 unpin      ``{v, keys: [str]}``                                                    none
@@ -65,6 +68,14 @@ OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete", "prefetch")
 TIER_ABSENT, TIER_RAM, TIER_DISK = 0, 1, 2
 TIER_NAMES = {TIER_RAM: "ram", TIER_DISK: "disk"}
 HEAD_LEN = struct.Struct(">I")
+# A put with ``trailer: true`` ends with one of these per key, in head order (existing blocks included): the
+# XXH3-64 of each payload, so the sender needs no checksum before its first payload byte.
+TRAILER = struct.Struct(">Q")
+# What a node's bulk answers announce (a comma-separated list): a client uses a feature with a node only once
+# the node said it has it, so new clients keep working with older nodes.
+FEATURES_HEADER = "x-ctx-bulk-features"
+FEATURE_PUT_TRAILER = "put-trailer"
+FEATURES = FEATURE_PUT_TRAILER
 MAX_HEAD_BYTES = 16 << 20  # a head bigger than this is malformed whatever the key limits say
 ABSENT = -1
 MAX_KEY_BYTES = 1024
@@ -125,7 +136,8 @@ class HeadSchema:
 
 
 _REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
-    "lookup": ("keys", "pin"), "get": ("keys", "pin"), "put": ("keys", "sizes", "xxh3", "ttl", "if_absent"),
+    "lookup": ("keys", "pin"), "get": ("keys", "pin"),
+    "put": ("keys", "sizes", "xxh3", "trailer", "ttl", "if_absent"),
     "touch": ("keys", "ttl"), "pin": ("keys", "seconds"), "unpin": ("keys",), "delete": ("keys",),
     "prefetch": ("keys",),
 }
@@ -260,13 +272,18 @@ class KeysRequest:
 class PutRequest:
     keys: list[str]
     sizes: list[int]
-    xxh3: list[int]
+    xxh3: list[int] | None  # None: the checksums come in the frame's trailer, after the payloads
     ttl: float | None = None
     if_absent: bool = True
 
     @property
     def payload_bytes(self) -> int:
         return sum(self.sizes)
+
+    @property
+    def body_bytes(self) -> int:
+        """What follows the head: the payloads, and the trailer if there is one."""
+        return self.payload_bytes + (TRAILER.size * len(self.keys) if self.xxh3 is None else 0)
 
 
 def encode_keys_request(op: str, req: KeysRequest) -> bytes:
@@ -295,14 +312,19 @@ def decode_keys_request(op: str, head: dict[str, Any], max_keys: int) -> KeysReq
 
 
 def encode_put_head(req: PutRequest) -> bytes:
-    return pack_head({"keys": req.keys, "sizes": req.sizes, "xxh3": req.xxh3, "ttl": req.ttl,
-                      "if_absent": req.if_absent})
+    sums: dict[str, Any] = {"trailer": True} if req.xxh3 is None else {"xxh3": req.xxh3}
+    return pack_head({"keys": req.keys, "sizes": req.sizes, **sums, "ttl": req.ttl, "if_absent": req.if_absent})
 
 
 def decode_put_request(head: dict[str, Any], max_keys: int, max_bytes: int) -> PutRequest:
     keys = _keys(head, max_keys)
     sizes = _ints(head, "sizes", len(keys), 0, 1 << 62)  # one block over max_bytes is TooManyBytes, below
-    xxh3 = _ints(head, "xxh3", len(keys), 0, (1 << 64) - 1)
+    trailer = head.get("trailer", False)
+    if trailer is not True and trailer is not False:
+        raise WireError("'trailer' must be a boolean")
+    if trailer and "xxh3" in head:
+        raise WireError("a put has 'xxh3' in its head or a trailer, not both")
+    xxh3 = None if trailer else _ints(head, "xxh3", len(keys), 0, (1 << 64) - 1)
     if sum(sizes) > max_bytes:
         raise WireError(f"{sum(sizes)} payload bytes exceed the limit of {max_bytes} per call", "TooManyBytes")
     ttl = _number(head, "ttl", None, optional=True)
@@ -411,6 +433,22 @@ def encode_count_response(r: CountResponse) -> bytes:
 
 def decode_count_response(head: dict[str, Any]) -> CountResponse:
     return CountResponse(_count(head, "count", 1 << 62))
+
+
+def encode_trailer(sums: Sequence[int]) -> bytes:
+    """A put's trailer: each block's XXH3-64, in head order."""
+    return b"".join(map(TRAILER.pack, sums))
+
+
+def decode_trailer(data: bytes | bytearray | memoryview, n_keys: int) -> list[int]:
+    if len(data) != TRAILER.size * n_keys:
+        raise WireError(f"a trailer of {len(data)} bytes for {n_keys} keys")
+    return [value for (value,) in TRAILER.iter_unpack(data)]
+
+
+def has_feature(headers: dict[str, str], feature: str) -> bool:
+    """Whether a node's answer (lowercase header names) announces ``feature``."""
+    return feature in (f.strip() for f in headers.get(FEATURES_HEADER, "").split(","))
 
 
 def encode_error(code: str, message: str) -> bytes:

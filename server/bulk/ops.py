@@ -17,7 +17,8 @@ from .errors import BulkError
 
 
 def frame_reply(frame: bytes, payloads: Sequence[bytes | bytearray | memoryview] = ()) -> Reply:
-    return Reply(200, [("content-type", wire.CONTENT_TYPE)], [frame, *payloads])
+    # Every answer says what this node takes beyond the first bulk API (a client uses it from then on).
+    return Reply(200, [("content-type", wire.CONTENT_TYPE), (wire.FEATURES_HEADER, wire.FEATURES)], [frame, *payloads])
 
 
 _TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}  # the engine's tier names

@@ -411,16 +411,18 @@ def bulk_case(rng: random.Random, case: int) -> tuple[str, bytes, list[str], dic
     head: dict[Any, Any] = {"v": 1, "keys": list(keys)}
     payload = b""
     if op == "put":
-        head.update(sizes=[len(blocks[k]) for k in keys], xxh3=[xxhash.xxh3_64_intdigest(blocks[k]) for k in keys],
-                    ttl=rng.choice([None, 60.0, 0.5]), if_absent=rng.choice([True, False]))
-        payload = b"".join(blocks[k] for k in keys)
+        sums = [xxhash.xxh3_64_intdigest(blocks[k]) for k in keys]
+        trailer = rng.random() < 0.5  # the checksums in the head, or after the payloads
+        head.update(sizes=[len(blocks[k]) for k in keys], ttl=rng.choice([None, 60.0, 0.5]),
+                    if_absent=rng.choice([True, False]), **({"trailer": True} if trailer else {"xxh3": sums}))
+        payload = b"".join(blocks[k] for k in keys) + (wire.encode_trailer(sums) if trailer else b"")
     elif op in ("lookup", "get"):
         head["pin"] = rng.choice([0.0, 5.0])
     elif op == "touch":
         head["ttl"] = rng.choice([None, 30.0])
     elif op == "pin":
         head["seconds"] = rng.choice([1.0, 30.0])
-    fields = ["v", "keys", "sizes", "xxh3", "ttl", "if_absent", "pin", "seconds", "junk"]
+    fields = ["v", "keys", "sizes", "xxh3", "trailer", "ttl", "if_absent", "pin", "seconds", "junk"]
     raw_mutation = None
     exact = True
     for _ in range(rng.choice([0, 1, 1, 2, 3])):

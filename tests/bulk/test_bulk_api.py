@@ -110,8 +110,8 @@ class Bulk:
         return self.raw(bucket, op, wire.encode_keys_request(op, wire.KeysRequest(keys, **fields)))
 
     def put(self, bucket: str, blocks: dict[str, bytes], *, ttl: float | None = None, if_absent: bool = True,
-            xxh3: list[int] | None = None) -> Reply:
-        return self.raw(bucket, "put", put_frame(blocks, ttl=ttl, if_absent=if_absent, xxh3=xxh3))
+            xxh3: list[int] | None = None, trailer: bool = False) -> Reply:
+        return self.raw(bucket, "put", put_frame(blocks, ttl=ttl, if_absent=if_absent, xxh3=xxh3, trailer=trailer))
 
     def put_results(self, bucket: str, blocks: dict[str, bytes], **kwargs: Any) -> wire.PutResponse:
         reply = self.put(bucket, blocks, **kwargs)
@@ -145,11 +145,16 @@ class Bulk:
 
 
 def put_frame(blocks: dict[str, bytes], *, ttl: float | None = None, if_absent: bool = True,
-              xxh3: list[int] | None = None) -> bytes:
-    """A whole put body: head, then the blocks (``xxh3`` overrides the true checksums)."""
+              xxh3: list[int] | None = None, trailer: bool = False) -> bytes:
+    """A whole put body: head, then the blocks (``xxh3`` overrides the true checksums; ``trailer``: they come
+    after the blocks instead of in the head)."""
     sums = xxh3 or [xxhash.xxh3_64_intdigest(d) for d in blocks.values()]
-    request = wire.PutRequest(list(blocks), [len(d) for d in blocks.values()], sums, ttl, if_absent)
-    return wire.encode_put_head(request) + b"".join(blocks.values())
+    request = wire.PutRequest(list(blocks), [len(d) for d in blocks.values()], None if trailer else sums, ttl,
+                              if_absent)
+    return wire.encode_put_head(request) + b"".join(blocks.values()) + (wire.encode_trailer(sums) if trailer else b"")
+
+
+LAYOUTS = pytest.mark.parametrize("trailer", [False, True], ids=["sums-in-head", "sums-in-trailer"])
 
 
 def blocks_of(n: int, size: int, prefix: str = "blk") -> dict[str, bytes]:
@@ -194,9 +199,10 @@ def small_bucket(small: Node) -> str:
 # ============================================================================================ data path
 
 
-def test_put_then_get_returns_the_blocks_byte_identical_in_order(bulk: Bulk, bucket: str) -> None:
+@LAYOUTS
+def test_put_then_get_returns_the_blocks_byte_identical_in_order(bulk: Bulk, bucket: str, trailer: bool) -> None:
     blocks = {f"chain/{i:03d}": os.urandom(size) for i, size in enumerate([64 * KiB, 1, 0, 300 * KiB, 7] * 8)}
-    assert bulk.put_results(bucket, blocks, ttl=600).results == ["stored"] * len(blocks)
+    assert bulk.put_results(bucket, blocks, ttl=600, trailer=trailer).results == ["stored"] * len(blocks)
     keys = list(blocks)
     asked = [keys[5], "chain/missing", *keys[10:20], "other/missing", keys[0]]
     head, payloads = bulk.get(bucket, asked)
@@ -211,19 +217,40 @@ def test_put_then_get_returns_the_blocks_byte_identical_in_order(bulk: Bulk, buc
             assert now + 590 < expires <= now + 601
 
 
+def test_every_answer_announces_the_put_trailer(bulk: Bulk, bucket: str) -> None:
+    # What a client needs to know before it sends a put whose checksums follow the payloads (wire.py).
+    for reply in (bulk.keys_op(bucket, "lookup", ["x"]), bulk.put(bucket, {"y": b"1"}, trailer=True)):
+        assert reply.status == 200 and wire.has_feature(reply.headers, wire.FEATURE_PUT_TRAILER)
+
+
+def test_a_trailer_of_large_blocks_and_one_that_names_a_skipped_block(bulk: Bulk, bucket: str) -> None:
+    """Blocks larger than a read slice (read in pieces) and a block that already exists (its payload is read
+    away): the trailer still lines up with every key, skipped ones included."""
+    blocks = {f"big/{i}-{secrets.token_hex(3)}": os.urandom(size) for i, size in
+              enumerate([3 * (1 << 20) + 7, 10, 2 * (1 << 20)])}
+    keys = list(blocks)
+    assert bulk.put_results(bucket, {keys[1]: blocks[keys[1]]}).results == ["stored"]
+    sums = [xxhash.xxh3_64_intdigest(d) for d in blocks.values()]
+    sums[2] ^= 1 << 63
+    result = bulk.put_results(bucket, blocks, xxh3=sums, trailer=True)
+    assert result.results == ["stored", "exists", "rejected"] and set(result.errors) == {2}
+    assert bulk.get(bucket, keys)[1] == [blocks[keys[0]], blocks[keys[1]], None]
+
+
 def test_get_of_only_absent_keys_and_of_no_keys(bulk: Bulk, bucket: str) -> None:
     head, payloads = bulk.get(bucket, ["nope/1", "nope/2"])
     assert head.sizes == [wire.ABSENT, wire.ABSENT] and payloads == [None, None]
     assert bulk.get(bucket, [])[1] == []
 
 
-def test_if_absent_skips_existing_keys_and_keeps_their_bytes(bulk: Bulk, bucket: str) -> None:
-    assert bulk.put_results(bucket, {"a": b"old-a"}).results == ["stored"]
-    result = bulk.put_results(bucket, {"a": b"new-a-bytes", "b": b"new-b"})
+@LAYOUTS
+def test_if_absent_skips_existing_keys_and_keeps_their_bytes(bulk: Bulk, bucket: str, trailer: bool) -> None:
+    assert bulk.put_results(bucket, {"a": b"old-a"}, trailer=trailer).results == ["stored"]
+    result = bulk.put_results(bucket, {"a": b"new-a-bytes", "b": b"new-b"}, trailer=trailer)
     assert result.results == ["exists", "stored"]
     assert bulk.get(bucket, ["a", "b"])[1] == [b"old-a", b"new-b"]
     # if_absent=False replaces.
-    assert bulk.put_results(bucket, {"a": b"newer-a"}, if_absent=False).results == ["stored"]
+    assert bulk.put_results(bucket, {"a": b"newer-a"}, if_absent=False, trailer=trailer).results == ["stored"]
     assert bulk.get(bucket, ["a"])[1] == [b"newer-a"]
 
 
@@ -234,11 +261,12 @@ def test_duplicate_keys_in_one_put(bulk: Bulk, bucket: str) -> None:
     assert bulk.get(bucket, ["d"])[1] == [b"11"]
 
 
-def test_checksum_mismatch_rejects_only_that_block(bulk: Bulk, bucket: str) -> None:
+@LAYOUTS
+def test_checksum_mismatch_rejects_only_that_block(bulk: Bulk, bucket: str, trailer: bool) -> None:
     blocks = blocks_of(4, 10 * KiB)
     sums = [xxhash.xxh3_64_intdigest(d) for d in blocks.values()]
     sums[2] ^= 1
-    result = bulk.put_results(bucket, blocks, xxh3=sums)
+    result = bulk.put_results(bucket, blocks, xxh3=sums, trailer=trailer)
     assert result.results == ["stored", "stored", "rejected", "stored"]
     assert set(result.errors) == {2} and "XXH3" in result.errors[2]
     head, payloads = bulk.get(bucket, list(blocks))
@@ -247,7 +275,8 @@ def test_checksum_mismatch_rejects_only_that_block(bulk: Bulk, bucket: str) -> N
     assert payloads[:2] + payloads[3:] == expected[:2] + expected[3:]
 
 
-def test_runs_of_small_blocks_with_skipped_empty_and_bad_ones_land_exactly(bulk: Bulk, bucket: str) -> None:
+@LAYOUTS
+def test_runs_of_small_blocks_with_skipped_empty_and_bad_ones_land_exactly(bulk: Bulk, bucket: str, trailer: bool) -> None:
     """Small blocks are read in runs with one wait each (bulk/put.py): a run that mixes empty blocks, blocks
     that already exist (skipped) and blocks failing their checksum must still put every byte where it
     belongs."""
@@ -259,7 +288,7 @@ def test_runs_of_small_blocks_with_skipped_empty_and_bad_ones_land_exactly(bulk:
     sums = [xxhash.xxh3_64_intdigest(d) for d in blocks.values()]
     for bad in (5, 18, 45, 70):
         sums[bad] ^= 1
-    result = bulk.put_results(bucket, blocks, xxh3=sums)
+    result = bulk.put_results(bucket, blocks, xxh3=sums, trailer=trailer)
     expected = ["exists" if k in existing else "rejected" if i in (5, 18, 45, 70) else "stored"
                 for i, k in enumerate(keys)]
     assert result.results == expected
@@ -271,9 +300,10 @@ def test_runs_of_small_blocks_with_skipped_empty_and_bad_ones_land_exactly(bulk:
             assert payloads[i] == blocks[key], key
 
 
-def test_truncated_body_stores_nothing(bulk: Bulk, bucket: str, server: Node) -> None:
+@LAYOUTS
+def test_truncated_body_stores_nothing(bulk: Bulk, bucket: str, server: Node, trailer: bool) -> None:
     blocks = blocks_of(3, 256 * KiB)
-    body = put_frame(blocks)
+    body = put_frame(blocks, trailer=trailer)
     path = wire.path(bucket, "put")
     headers = signed_headers(bulk.host, path, body)
     lines = [f"POST {path} HTTP/1.1", f"Host: {bulk.host}", f"Content-Length: {len(body)}",
@@ -288,9 +318,10 @@ def test_truncated_body_stores_nothing(bulk: Bulk, bucket: str, server: Node) ->
         time.sleep(0.1)
 
 
-def test_body_shorter_or_longer_than_its_frame(bulk: Bulk, bucket: str) -> None:
+@LAYOUTS
+def test_body_shorter_or_longer_than_its_frame(bulk: Bulk, bucket: str, trailer: bool) -> None:
     blocks = blocks_of(2, 1000)
-    frame = put_frame(blocks)
+    frame = put_frame(blocks, trailer=trailer)
     short = bulk.raw(bucket, "put", frame[:-10])
     assert (short.status, short.error) == (400, "IncompleteBody")
     long = bulk.raw(bucket, "put", frame + b"extra")

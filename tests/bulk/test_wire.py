@@ -58,6 +58,25 @@ def test_put_request_round_trips(ttl: float | None, if_absent: bool) -> None:
     assert req.payload_bytes == 5 + (1 << 20)
 
 
+def test_a_put_with_a_trailer_round_trips_and_counts_the_trailer_in_its_body() -> None:
+    req = wire.PutRequest(KEYS, [0, 5, 1 << 20], None)
+    head = head_of(wire.encode_put_head(req))
+    assert head["trailer"] is True and "xxh3" not in head
+    assert wire.decode_put_request(head, MAX_KEYS, MAX_BYTES) == req
+    assert req.body_bytes == req.payload_bytes + 8 * len(KEYS)
+    sums = [0, 1, (1 << 64) - 1]
+    assert wire.decode_trailer(wire.encode_trailer(sums), 3) == sums
+    with pytest.raises(WireError):
+        wire.decode_trailer(wire.encode_trailer(sums)[:-1], 3)
+
+
+def test_features_are_read_from_an_answers_headers() -> None:
+    assert wire.has_feature({wire.FEATURES_HEADER: wire.FEATURES}, wire.FEATURE_PUT_TRAILER)
+    assert wire.has_feature({wire.FEATURES_HEADER: "other, put-trailer"}, wire.FEATURE_PUT_TRAILER)
+    assert not wire.has_feature({}, wire.FEATURE_PUT_TRAILER)
+    assert not wire.has_feature({wire.FEATURES_HEADER: "put-trailers"}, wire.FEATURE_PUT_TRAILER)
+
+
 def test_put_request_defaults_to_if_absent() -> None:
     head = head_of(wire.pack_head({"keys": ["k"], "sizes": [1], "xxh3": [7]}))
     assert wire.decode_put_request(head, MAX_KEYS, MAX_BYTES) == wire.PutRequest(["k"], [1], [7], None, True)
@@ -137,6 +156,9 @@ def test_too_many_bytes(sizes: list[int]) -> None:
     ({"keys": ["a"], "sizes": [1], "xxh3": [0], "ttl": -1.0}, "InvalidArgument"),
     ({"keys": ["a"], "sizes": [1], "xxh3": [0], "ttl": float("nan")}, "InvalidArgument"),
     ({"keys": ["a"], "sizes": [1], "xxh3": [0], "if_absent": 1}, "MalformedFrame"),
+    ({"keys": ["a"], "sizes": [1], "xxh3": [0], "trailer": True}, "MalformedFrame"),
+    ({"keys": ["a"], "sizes": [1], "trailer": 1}, "MalformedFrame"),
+    ({"keys": ["a"], "sizes": [1], "trailer": False}, "MalformedFrame"),
 ])
 def test_bad_put_fields(head: dict[str, Any], code: str) -> None:
     with pytest.raises(WireError) as info:
@@ -203,7 +225,7 @@ u64 = st.integers(0, (1 << 64) - 1)
 def put_requests(draw: st.DrawFn) -> wire.PutRequest:
     keys = draw(st.lists(key_text, max_size=30))
     sizes = draw(st.lists(st.integers(0, 1 << 24), min_size=len(keys), max_size=len(keys)))
-    xxh3 = draw(st.lists(u64, min_size=len(keys), max_size=len(keys)))
+    xxh3 = draw(st.none() | st.lists(u64, min_size=len(keys), max_size=len(keys)))
     return wire.PutRequest(keys, sizes, xxh3, draw(ttls), draw(st.booleans()))
 
 
