@@ -45,7 +45,7 @@ async def put(call: BulkCall) -> Reply:
         request = wire.decode_put_request(head, call.max_keys, call.max_bytes)
         _check_length(declared, head_end + request.body_bytes)
         blocks = _plan(call, request)
-        await _receive(call, body, blocks)
+        await _receive(call, body, blocks, shared=request.if_absent)
         if request.xxh3 is None:
             sums = wire.decode_trailer(await body.read(wire.TRAILER.size * len(blocks)), len(blocks))
             for block, expected in zip(blocks, sums, strict=True):
@@ -60,43 +60,57 @@ async def put(call: BulkCall) -> Reply:
         await body.close()
 
 
-async def _receive(call: BulkCall, body: BodyReader, blocks: list[Block]) -> None:
+async def _receive(call: BulkCall, body: BodyReader, blocks: list[Block], *, shared: bool) -> None:
     """Every payload straight into its block's own buffer, verified as it completes. Small blocks are read in
-    runs of up to :data:`RECEIVE_SLICE` with one wait (their reservations grown to full first, so budget is
-    held at most one run ahead of the bytes); a larger block is read slice by slice."""
+    runs of up to :data:`RECEIVE_SLICE` with one wait, budget held for the whole run first (at most one run
+    ahead of the bytes; ``shared``: one reservation for the run, for blocks that replace nothing); a larger
+    block is read slice by slice."""
     run: list[Block] = []
-    views: list[memoryview] = []
     run_bytes = 0
+    first = True
 
     async def finish_run() -> None:
-        nonlocal run_bytes
-        if run:
-            await body.read_into_many(views)
-            for done in run:
-                done.verify()
-            run.clear()
-            views.clear()
-            run_bytes = 0
+        nonlocal run_bytes, first
+        if not run:
+            return
+        if shared:
+            views = _open_run(call, run, same_request=not first)
+        else:
+            views = [block.open(call, same_request=not first or i > 0, whole=True) for i, block in enumerate(run)]
+        first = False
+        await body.read_into_many(views)
+        for done in run:
+            done.verify()
+        run.clear()
+        run_bytes = 0
 
-    first = True
     for block in blocks:
         if block.result == "exists":
             await finish_run()
             await body.skip(block.size)
             continue
-        large = block.size > RECEIVE_SLICE
-        view = block.open(call, same_request=not first, whole=not large)
-        first = False
-        if large:
+        if block.size > RECEIVE_SLICE:
             await finish_run()
+            view = block.open(call, same_request=not first, whole=False)
+            first = False
             await block.receive(body, view)
             continue
         run.append(block)
-        views.append(view)
         run_bytes += block.size
         if run_bytes >= RECEIVE_SLICE:
             await finish_run()
     await finish_run()
+
+
+def _open_run(call: BulkCall, run: list[Block], *, same_request: bool) -> list[memoryview]:
+    """Buffers for a run of new blocks and one reservation holding all of their room (a reservation each cost
+    a 64 KiB save ~6 µs per block). It is released by the first of them to commit, or when the call ends."""
+    reservation = call.engine.reserve_run(call.tenant, call.bucket, sum(b.size for b in run),
+                                          sum(b.fixed for b in run), same_request=same_request)
+    for block in run:  # before it grows: if no room can be made, the call's end still releases it
+        block.reservation, block.shared = reservation, True
+    reservation.grow_all()
+    return [block.take_buffer(call) for block in run]
 
 
 def _check_length(declared: int | None, expected: int) -> None:
@@ -113,10 +127,15 @@ def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
     a block that could never be stored (over the budget or a quota) fails the whole call."""
     sums: list[int | None] = list(request.xxh3) if request.xxh3 is not None else [None] * len(request.keys)
     blocks = [Block(key, size, xxh3) for key, size, xxh3 in zip(request.keys, request.sizes, sums, strict=True)]
-    for block in blocks:
-        if request.if_absent and _live(call, block.key):
-            block.result = "exists"
-        else:
+    if request.if_absent:
+        for block in blocks:
+            if _live(call, block.key):
+                block.result = "exists"
+    new = [block for block in blocks if block.result is None]
+    if new:
+        # The size limit looks at the payload, the budget and the quotas at payload + fixed charge: the largest
+        # of each stands for every block (one check each instead of one per block).
+        for block in (max(new, key=lambda b: b.size), max(new, key=lambda b: b.size + b.fixed)):
             call.engine.check_fits(call.tenant, call.bucket, block.size, block.fixed)
     return blocks
 
@@ -160,6 +179,7 @@ class Block:
     etag: str = ""
     result: str | None = None  # None until decided: "exists" (skipped) or "rejected" (checksum)
     error: str = ""
+    shared: bool = False  # its reservation holds a whole run's room (released once, for all of them)
     _actual: int = 0  # the payload's XXH3-64, once it is in
 
     @property
@@ -167,15 +187,19 @@ class Block:
         """What the committed object is charged beyond its payload: the key and the per-object overhead."""
         return OBJECT_OVERHEAD + len(self.key.encode())
 
+    def take_buffer(self, call: BulkCall) -> memoryview:
+        """The block's buffer: every byte of it is read from the body, or it is dropped."""
+        self._buffer = call.engine.payload_buffer(self.size)
+        return memoryview(self._buffer)
+
     def open(self, call: BulkCall, *, same_request: bool, whole: bool) -> memoryview:
-        """The block's buffer, and its reservation holding the fixed charge (``whole``: and the payload's). No
-        room for it (everything left pinned or in flight) fails the whole call with SlowDown: nothing is
+        """The block's buffer, and its own reservation holding the fixed charge (``whole``: and the payload's).
+        No room for it (everything left pinned or in flight) fails the whole call with SlowDown: nothing is
         stored."""
-        self._buffer = call.engine.payload_buffer(self.size)  # every byte of it is read from the body, or dropped
         self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed, key=self.key,
                                                same_request=same_request)
         self.reservation.grow(self.size if whole else 0)
-        return memoryview(self._buffer)
+        return self.take_buffer(call)
 
     async def receive(self, body: BodyReader, view: memoryview) -> None:
         """Read a large block into its buffer (from :meth:`open`), its reservation growing as bytes arrive."""
@@ -207,7 +231,8 @@ class Block:
             self.result = "rejected"
             self.error = f"XXH3-64 mismatch: the frame says {expected:016x}, the payload has {self._actual:016x}"
             self.data = None
-            self.release()
+            if not self.shared:  # a run's room stays held until the call ends: its other blocks are not in yet
+                self.release()
             return
         # Bulk-written blocks get a non-MD5 ETag (docs/bulk-api.md): the XXH3-64 just verified, so no second
         # pass over the payload (it was 7 % of the node's CPU in a save of 1 MiB blocks).

@@ -240,6 +240,13 @@ class Engine:
         checked once per request). ``key``: the object it replaces (its bytes count as free)."""
         return self.store.reserve(tenant, bucket_name, nbytes, fixed, key=key, same_request=same_request)
 
+    def reserve_run(self, tenant: str, bucket_name: str, nbytes: int, fixed: int, *,
+                    same_request: bool = False) -> Reservation:
+        """One reservation for a run of new objects of ``nbytes`` payload in all (``fixed`` more once stored),
+        each already found to fit (:meth:`check_fits`): a bulk put of many small blocks holds budget for a run
+        of them at a time instead of one reservation each. Replaces nothing (no credit for live objects)."""
+        return self.store.reserve_run(tenant, bucket_name, nbytes, fixed, same_request=same_request)
+
     def payload_buffer(self, size: int) -> bytearray | memoryview:
         """A writable buffer of ``size`` bytes for a payload about to arrive, reused from a block that died
         when one of the size is kept (:mod:`.buffers`). It holds stale bytes: fill all of it, or drop it."""

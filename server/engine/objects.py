@@ -84,7 +84,8 @@ def object_charge(
     key: str, data: Payload, headers: dict[str, str], user_meta: dict[str, str], checksums: dict[str, str]
 ) -> int:
     """Bytes an object counts against the budget: payload, key, metadata and the fixed per-object overhead."""
-    meta = sum(len(k) + len(v) for d in (headers, user_meta, checksums) for k, v in d.items())
+    meta = sum(len(k) + len(v) for d in (headers, user_meta, checksums) for k, v in d.items()) if (
+        headers or user_meta or checksums) else 0  # a bulk block has none: no generator per block
     return len(data) + len(key.encode()) + meta + OBJECT_OVERHEAD
 
 

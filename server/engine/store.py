@@ -151,6 +151,16 @@ class ObjectStore:
         cap = None if nbytes is not None else min(largest + fixed, self.budget.limit)
         return self.budget.open(tenant, nbytes or 0, fixed, room, cap=cap, same_request=same_request)
 
+    def reserve_run(self, tenant: str, bucket_name: str, nbytes: int, fixed: int, *,
+                    same_request: bool = False) -> Reservation:
+        """A reservation for several new objects whose sizes were checked one by one (see :meth:`reserve`)."""
+        bucket = self.bucket(tenant, bucket_name)
+
+        def room(reservation: Reservation, more: int) -> None:
+            self._make_reserved_room(bucket, None, more)
+
+        return self.budget.open(tenant, nbytes, fixed, room, same_request=same_request)
+
     def check_fits(self, tenant: str, bucket_name: str, nbytes: int, fixed: int = OBJECT_OVERHEAD) -> Bucket:
         """EntityTooLarge unless an object of ``nbytes`` payload (charged ``fixed`` more) could be stored: under
         the object size limit, the budget, the bucket's and the tenant's quotas. Returns the bucket."""

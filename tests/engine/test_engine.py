@@ -1462,6 +1462,40 @@ def test_a_reservation_holds_budget_only_as_its_body_arrives(clock: FakeClock) -
     check_accounting(engine)
 
 
+def test_one_reservation_for_a_run_of_blocks_holds_their_room_until_the_first_commits(clock: FakeClock) -> None:
+    # A bulk put of small new blocks reserves a run of them at once (bulk/put.py): the run's room is made when it
+    # grows (evicting LRU blocks), each block then commits against it, and it is released exactly once.
+    engine = make_engine(clock)
+    rec = Recorder(engine)
+    for i in range(5):
+        put(engine, f"k{i}")
+    run = engine.reserve_run(T, B, 3 * SIZE, 3 * (OBJECT_OVERHEAD + 2))  # three 1000-byte blocks
+    assert run.nbytes == 0 and rec.removed == []
+    run.grow_all()
+    assert run.nbytes == engine.reserved == 3000 and engine.used == 5000
+    assert rec.reasons() == [("evicted", "k0"), ("evicted", "k1"), ("evicted", "k2")]
+    for key in ("r0", "r1", "r2"):
+        put(engine, key, reservation=run)  # the first releases the run; each then charges its own block
+    assert engine.reserved == 0 and engine.used == 5000 and rec.reasons()[3:] == []
+    run.release()  # again, when the call ends: nothing more
+    assert engine.used == 5000
+    check_accounting(engine)
+
+
+def test_a_run_that_cannot_get_room_fails_and_its_release_returns_everything(clock: FakeClock) -> None:
+    engine = make_engine(clock)
+    for i in range(5):
+        put(engine, f"k{i}")
+    engine.pin(T, B, [f"k{i}" for i in range(5)], 60)
+    run = engine.reserve_run(T, B, 2 * SIZE, 2 * (OBJECT_OVERHEAD + 2))
+    with pytest.raises(errors.InsufficientCapacity):
+        run.grow_all()
+    run.release()
+    assert engine.reserved == 0 and engine.used == 5000
+    assert engine.budget.tenant_declared[T] == 0  # nothing left counted as in flight for the tenant
+    check_accounting(engine)
+
+
 def test_what_could_never_be_stored_is_refused_when_the_reservation_opens(clock: FakeClock) -> None:
     engine = make_engine(clock)
     engine.create_bucket("other", "theirs")
