@@ -1169,7 +1169,9 @@ class EngineMachine(RuleBasedStateMachine):
             assert size > config.max_object_size or size + OBJECT_OVERHEAD > config.budget
         except errors.InsufficientCapacity as exc:
             assert exc.retry_after > 0
-            self._check_capacity_error(size + OBJECT_OVERHEAD)
+            declared = self.engine.budget.tenant_declared.get(T, 0)
+            if not (declared and declared + size + OBJECT_OVERHEAD > self.engine.config.tenant_reserve_limit):
+                self._check_capacity_error(size + OBJECT_OVERHEAD)  # else: over what the tenant may have in flight
         return None
 
     def _put(self, bucket: str, key: str, size: int, ttl: float | None, cond: str, reserve: bool) -> None:
