@@ -110,7 +110,8 @@ def _open_run(call: BulkCall, run: list[Block], *, same_request: bool) -> list[m
     for block in run:  # before it grows: if no room can be made, the call's end still releases it
         block.reservation, block.shared = reservation, True
     reservation.grow_all()
-    return [block.take_buffer(call) for block in run]
+    buffers = call.engine.payload_buffers([b.size for b in run])
+    return [block.use_buffer(buffer) for block, buffer in zip(run, buffers, strict=True)]
 
 
 def _check_length(declared: int | None, expected: int) -> None:
@@ -128,8 +129,8 @@ def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
     sums: list[int | None] = list(request.xxh3) if request.xxh3 is not None else [None] * len(request.keys)
     blocks = [Block(key, size, xxh3) for key, size, xxh3 in zip(request.keys, request.sizes, sums, strict=True)]
     if request.if_absent:
-        for block in blocks:
-            if _live(call, block.key):
+        for block, live in zip(blocks, call.engine.existing(call.tenant, call.bucket, request.keys), strict=True):
+            if live:
                 block.result = "exists"
     new = [block for block in blocks if block.result is None]
     if new:
@@ -138,10 +139,6 @@ def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
         for block in (max(new, key=lambda b: b.size), max(new, key=lambda b: b.size + b.fixed)):
             call.engine.check_fits(call.tenant, call.bucket, block.size, block.fixed)
     return blocks
-
-
-def _live(call: BulkCall, key: str) -> bool:
-    return call.engine.exists(call.tenant, call.bucket, key)
 
 
 def _commit(call: BulkCall, request: wire.PutRequest, blocks: list[Block]) -> wire.PutResponse:
@@ -188,9 +185,14 @@ class Block:
         return OBJECT_OVERHEAD + len(self.key.encode())
 
     def take_buffer(self, call: BulkCall) -> memoryview:
-        """The block's buffer: every byte of it is read from the body, or it is dropped."""
-        self._buffer = call.engine.payload_buffer(self.size)
-        return memoryview(self._buffer)
+        """The block's buffer, taken now."""
+        return self.use_buffer(call.engine.payload_buffer(self.size))
+
+    def use_buffer(self, buffer: bytearray | memoryview) -> memoryview:
+        """Where the payload lands (a buffer of the block's size): every byte of it is read from the body, or
+        it is dropped."""
+        self._buffer = buffer
+        return memoryview(buffer)
 
     def open(self, call: BulkCall, *, same_request: bool, whole: bool) -> memoryview:
         """The block's buffer, and its own reservation holding the fixed charge (``whole``: and the payload's).

@@ -71,25 +71,42 @@ class PayloadBuffers:
     def take(self, size: int) -> Payload:
         """A writable buffer of exactly ``size`` bytes, holding whatever its last user left in it: the caller
         overwrites every byte before anyone reads it, or drops it."""
-        if size < MIN_POOLED:
-            return bytearray(size)
-        rounded = -(-size // PAGE) * PAGE
-        self._taken_at[rounded] = self._clock()
-        free = self._free.get(rounded)
-        if not free and self._returned:
-            self._sort_returned()
+        return self.take_many([size])[0]
+
+    def take_many(self, sizes: list[int]) -> list[Payload]:
+        """:meth:`take` for each of ``sizes``: one pass for a run of blocks (the clock read and the budget
+        charge once, not per block)."""
+        out: list[Payload] = []
+        unkept = 0
+        now = self._clock()
+        for size in sizes:
+            if size < MIN_POOLED:
+                out.append(bytearray(size))
+                continue
+            rounded = -(-size // PAGE) * PAGE
+            self._taken_at[rounded] = now
             free = self._free.get(rounded)
-        if free:
-            chunk = self._pop(rounded)
-            self._unkeep(rounded)
-            self.reused += 1
-        else:
-            chunk = self._map(rounded)
-            self.fresh += 1
-        handle = np.frombuffer(chunk, np.uint8, count=size)
-        ref = weakref.ref(handle, self._give_back)
-        self._lent[id(ref)] = (ref, chunk)
-        return handle.data  # a memoryview of the handle: it keeps the handle alive
+            if not free and self._returned:
+                if unkept:  # settle what was taken so far first: sorting in charges against what is kept
+                    self._uncharge_taken()
+                    unkept = 0
+                self._sort_returned()
+                free = self._free.get(rounded)
+            if free:
+                chunk = self._pop(rounded)
+                self.kept -= rounded
+                unkept += rounded
+                self.reused += 1
+            else:
+                chunk = self._map(rounded)
+                self.fresh += 1
+            handle = np.frombuffer(chunk, np.uint8, count=size)
+            ref = weakref.ref(handle, self._give_back)
+            self._lent[id(ref)] = (ref, chunk)
+            out.append(handle.data)  # a memoryview of the handle: it keeps the handle alive
+        if unkept:
+            self._uncharge_taken()
+        return out
 
     def make_room(self, need: int) -> None:
         """Unmap kept buffers until ``need`` more bytes fit in the budget (or none is left): called before a
@@ -159,7 +176,16 @@ class PayloadBuffers:
         """``n`` bytes left the free lists. Taken for a block (whose reservation charges it), the uncharged
         part shrinks first; dropped for room, the charged part does."""
         self.kept -= n
-        charged = max(0, self.charged - n) if charged_first else min(self.charged, self.kept)
+        if charged_first:
+            self._set_charged(max(0, self.charged - n))
+        else:
+            self._uncharge_taken()
+
+    def _uncharge_taken(self) -> None:
+        """Buffers were taken out of ``kept``: what is still charged is at most what is still kept."""
+        self._set_charged(min(self.charged, self.kept))
+
+    def _set_charged(self, charged: int) -> None:
         if charged != self.charged:
             self._charge(charged - self.charged)
             self.charged = charged

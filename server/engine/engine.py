@@ -252,6 +252,10 @@ class Engine:
         when one of the size is kept (:mod:`.buffers`). It holds stale bytes: fill all of it, or drop it."""
         return self.store.buffers.take(size)
 
+    def payload_buffers(self, sizes: list[int]) -> list[bytearray | memoryview]:
+        """:meth:`payload_buffer` for each of ``sizes`` (a run of blocks), at once."""
+        return self.store.buffers.take_many(sizes)
+
     def lease(self, obj: StoredObject) -> Callable[[], None]:
         """Count a response sending ``obj``'s payload until the returned function is called (a removed object
         stays charged to the budget until its last send ends)."""
@@ -278,10 +282,16 @@ class Engine:
 
     def exists(self, tenant: str, bucket_name: str, key: str) -> bool:
         """Whether either tier holds a live object at ``key`` (not counted as a read)."""
+        return self.existing(tenant, bucket_name, [key])[0]
+
+    def existing(self, tenant: str, bucket_name: str, keys: list[str]) -> list[bool]:
+        """Per key, whether either tier holds a live object there (not counted as a read)."""
         bucket = self.store.bucket(tenant, bucket_name)
-        if self.store.lookup_in(bucket, [key], record=False, count_misses=False)[0] is not None:
-            return True
-        return self.tier is not None and self.tier.holds(bucket_name, key)
+        found = [obj is not None for obj in self.store.lookup_in(bucket, keys, record=False, count_misses=False)]
+        tier = self.tier
+        if tier is not None:
+            found = [hit or tier.holds(bucket_name, key) for hit, key in zip(found, keys, strict=True)]
+        return found
 
     def get(self, tenant: str, bucket_name: str, key: str, *, record: bool = True) -> StoredObject:
         """The live object at ``key``; ``record`` counts a hit/miss, refreshes LRU and slides the TTL."""

@@ -231,3 +231,24 @@ def test_room_is_made_after_a_size_was_taken_empty(clock: FakeClock) -> None:
     for i in range(12):
         store(engine, f"fill{i}", 4, size)
     assert engine.used <= budget and pool.charged == 0
+
+
+def test_a_run_taken_at_once_reuses_and_uncharges_as_one_by_one(clock: FakeClock) -> None:
+    # A bulk put takes a run's buffers in one call (take_many): same buffers, same charge as taking them singly.
+    engine = make_engine(clock, budget=16 * MiB)
+    pool = engine.store.buffers
+    store_then_delete(engine, 80)
+    engine.reap()
+    kept, charged = pool.kept, pool.charged
+    assert charged == engine.budget.state > 0 and kept > charged
+    n = kept // BLOCK - 4  # fewer than are kept, so some charged ones are left
+    sizes = [BLOCK] * n + [100, MIN_POOLED - 1]  # the small ones come from the heap, as ever
+    reused = pool.reused
+    run = pool.take_many(sizes)
+    assert [len(b) for b in run] == sizes
+    assert pool.kept == kept - n * BLOCK and pool.charged == min(charged, pool.kept) == engine.budget.state
+    assert pool.reused == reused + n and len({address(b) for b in run[:n]}) == n
+    del run
+    gc.collect()
+    engine.reap()
+    assert pool.kept == kept and pool.charged == charged == engine.budget.state
