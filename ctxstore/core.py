@@ -199,18 +199,13 @@ class AsyncContextStore:
         if not node.up:
             raise NodeUnavailable(node.name, "marked down")
         path = wire.path(bucket, op)
-        streamed = isinstance(payloads, TrailedPayloads)
         body: Sequence[Buffer] | TrailedPayloads
-        if isinstance(payloads, TrailedPayloads):
-            length = len(head_bytes) + payloads.length
-            body = payloads
+        if isinstance(payloads, TrailedPayloads):  # made as it is sent: the frame's head goes with the request's
+            length, body, prefix = len(head_bytes) + payloads.length, payloads, head_bytes
         else:
-            length = len(head_bytes) + sum(len(p) for p in payloads)
-            body = (head_bytes, *payloads)
+            length, body, prefix = len(head_bytes) + sum(len(p) for p in payloads), (head_bytes, *payloads), b""
         request = request_head("POST", node.host_header, path,
-                               self.signer.headers("POST", node.host_header, path), length)
-        if streamed:  # the frame's head goes out with the request's
-            request += head_bytes
+                               self.signer.headers("POST", node.host_header, path), length) + prefix
 
         def factory(status: int, n: int) -> BodyReader:
             return reader if status == 200 and reader is not None else BytesReader(n)
@@ -233,7 +228,8 @@ class AsyncContextStore:
             node.put_trailer = wire.has_feature(response.headers, wire.FEATURE_PUT_TRAILER)
         else:
             error = _error_of(node, response)
-            if streamed and isinstance(error, ProtocolError) and error.code == "MalformedFrame":
+            refused = isinstance(error, ProtocolError) and error.code == "MalformedFrame"
+            if refused and isinstance(body, TrailedPayloads):
                 node.put_trailer = False  # e.g. a node rolled back to a version without trailers
                 raise _TrailerRefused()
             if response.status >= 500 and not isinstance(error, SlowDown):
