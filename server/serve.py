@@ -28,7 +28,7 @@ from ctxstore.admin_schema import generate_key_pair
 from . import allocator, shards
 from . import settings as settings_mod
 from .app import App
-from .protocol.direct import SCOPE_KEY, DirectChannel
+from .protocol.direct import SCOPE_KEY, STATUS_LINES, DirectChannel, close_lingering
 from .settings import Settings
 from .tenants import TenantRegistry
 
@@ -150,6 +150,20 @@ def protocol_with_header_limit(
                 self.scope[SCOPE_KEY] = DirectChannel(  # type: ignore[literal-required]
                     self, cycle, length=_body_length(self.headers), detachable=not self._tls,
                     reattach=self._reattach)
+
+        def send_400_response(self, msg: str) -> None:
+            # uvicorn's answer to a request its parser refused (or whose headers were too large), as uvicorn
+            # writes it; but the connection lingers instead of closing at once: the client may still be
+            # sending a body behind the bad head, and closing with its bytes unread made the kernel reset the
+            # connection before the client read the 400 (the S3 fuzzer's rare "no answer").
+            self.transport.write(b"".join([
+                STATUS_LINES[400],
+                *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
+                b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: %d\r\n" % len(msg), b"connection: close\r\n\r\n", msg.encode("ascii"),
+            ]))
+            self._disarm()
+            close_lingering(self.transport, self, self.loop)
 
         def _reattach(self) -> None:
             """After a body read below the parser: this protocol reads the connection again, with a fresh

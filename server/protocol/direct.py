@@ -164,6 +164,18 @@ class _Linger(asyncio.BufferedProtocol):
         self._transport.close()
 
 
+def close_lingering(transport: asyncio.Transport, http: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Close a connection after its answer was written, when the client may still be sending a body behind
+    it: a FIN after the answer, then what still arrives is read away (:class:`_Linger`). Where the transport
+    cannot half-close, it closes at once."""
+    if not transport.can_write_eof():
+        transport.close()
+        return
+    transport.write_eof()
+    transport.set_protocol(_Linger(transport, http, loop))
+    http.flow.resume_reading()
+
+
 class _BodySink(asyncio.BufferedProtocol):
     """The transport's protocol while a detached body is read: the kernel writes into the channel's
     destination. Everything else (connection lost, EOF, write flow control) goes on to the HTTP protocol."""
@@ -419,14 +431,12 @@ class DirectChannel:
         so that its bytes left unread do not reset the connection before it has read the answer."""
         transport = self._transport
         unread = self._sink is not None or self._cycle.more_body
-        if self.body_done or not unread or self._lost_connection or not transport.can_write_eof():
+        if self.body_done or not unread or self._lost_connection:
             transport.close()
             return
-        transport.write_eof()
         self._stop_watch()
         self._sink = None
-        transport.set_protocol(_Linger(transport, self._http, self._loop))
-        self._flow.resume_reading()
+        close_lingering(transport, self._http, self._loop)
 
     async def respond(self, status: int, headers: Sequence[tuple[str, str]], parts: Sequence[Buffer], *,
                       head: bool, length: int) -> None:
