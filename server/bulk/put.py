@@ -16,7 +16,7 @@ import xxhash
 
 from ctxstore import wire
 
-from ..engine import OBJECT_OVERHEAD, Reservation, errors as storage
+from ..engine import OBJECT_OVERHEAD, BlockWrite, Reservation, errors as storage
 from ..protocol.asgi import Request
 from ..protocol.payload import PayloadHash
 from ..protocol.shell import Reply
@@ -142,25 +142,24 @@ def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
 
 
 def _commit(call: BulkCall, request: wire.PutRequest, blocks: list[Block]) -> wire.PutResponse:
-    """Store every verified block (no await: atomic with respect to other requests)."""
-    results: list[str] = []
-    errors: dict[int, str] = {}
-    for i, block in enumerate(blocks):
+    """Store every verified block, in one engine call (no await: atomic with respect to other requests)."""
+    verified: list[Block] = []
+    writes: list[BlockWrite] = []
+    for block in blocks:
         if block.result is None and block.data is not None:
-            try:
-                call.engine.put(
-                    call.tenant, call.bucket, block.key, block.data, etag=block.etag, ttl=request.ttl,
-                    if_none_match=request.if_absent, reservation=block.reservation, xxh3=block.xxh3,
-                )
-                block.result = "stored"
-            except storage.PreconditionFailed:  # stored by someone else while this body was arriving
-                block.result = "exists"
-            except (storage.InsufficientCapacity, storage.EntityTooLarge) as exc:
-                block.result, block.error = "rejected", f"no room for the block: {exc}"
-        results.append(block.result or "rejected")
-        if block.error:
-            errors[i] = block.error
-    return wire.PutResponse(results, errors)
+            assert block.xxh3 is not None  # what it was checked against: the head's, or the trailer's
+            verified.append(block)
+            writes.append(BlockWrite(block.key, block.data, block.etag, block.xxh3, block.reservation))
+    for block, outcome in zip(verified, call.engine.put_blocks(call.tenant, call.bucket, writes, ttl=request.ttl,
+                                                                 if_absent=request.if_absent), strict=True):
+        if isinstance(outcome, storage.PreconditionFailed):  # stored by someone else while this body arrived
+            block.result = "exists"
+        elif isinstance(outcome, storage.StorageError):
+            block.result, block.error = "rejected", f"no room for the block: {outcome}"
+        else:
+            block.result = "stored"
+    errors = {i: block.error for i, block in enumerate(blocks) if block.error}
+    return wire.PutResponse([block.result or "rejected" for block in blocks], errors)
 
 
 @dataclass

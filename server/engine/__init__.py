@@ -24,11 +24,11 @@ from .objects import (
     Upload,
     etag_matches,
 )
-from .store import REMOVAL_REASONS
+from .store import REMOVAL_REASONS, BlockWrite
 from .tier import DISK, RAM, BlockRef
 
 __all__ = [
     "BUCKET_OVERHEAD", "DISK", "OBJECT_OVERHEAD", "PART_OVERHEAD", "RAM", "REMOVAL_REASONS", "UPLOAD_OVERHEAD",
-    "BlockRef", "Bucket", "BucketStats", "Completion", "Engine", "EngineConfig", "Kind", "Part",
+    "BlockRef", "BlockWrite", "Bucket", "BucketStats", "Completion", "Engine", "EngineConfig", "Kind", "Part",
     "Payload", "Reservation", "StorageError", "StoredObject", "Upload", "errors", "etag_matches",
 ]

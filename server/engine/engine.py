@@ -32,7 +32,7 @@ from .config import EngineConfig
 from .multipart import Multipart
 from .objects import OBJECT_OVERHEAD, Bucket, Completion, Part, Payload, StoredObject, Upload
 from .operator import Operator
-from .store import Clock, ObjectStore, RemovalListener, StoreListener
+from .store import BlockWrite, Clock, ObjectStore, RemovalListener, StoreListener
 from .tier import DISK, RAM, DiskListener, FlashTier
 
 log = logging.getLogger("ctxstore.engine")
@@ -272,6 +272,16 @@ class Engine:
                              if_none_match=if_none_match, if_match=if_match, reservation=reservation, xxh3=xxh3)
         self._maybe_straight_to_disk(obj)
         return obj
+
+    def put_blocks(self, tenant: str, bucket_name: str, blocks: list[BlockWrite], *, ttl: float | None,
+                   if_absent: bool) -> list[errors.StorageError | StoredObject]:
+        """Commit many verified blocks of one bucket, each on its own: per block the stored object, or the
+        ``PreconditionFailed`` / capacity error that kept it out (see :meth:`.store.ObjectStore.put_blocks`)."""
+        out = self.store.put_blocks(tenant, bucket_name, blocks, ttl=ttl, if_absent=if_absent)
+        for obj in out:
+            if isinstance(obj, StoredObject):
+                self._maybe_straight_to_disk(obj)
+        return out
 
     def _maybe_straight_to_disk(self, obj: StoredObject) -> None:
         """``disk_direct_size``: a large object goes to flash right after its write (served from the demotion

@@ -17,7 +17,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import MappingProxyType
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import xxhash
 
@@ -33,6 +33,16 @@ NODE_STATE = ""  # the "tenant" the buckets' own records are charged to: the nod
 
 # Shared by every object without metadata of a kind: three empty dicts per object would cost ~200 bytes.
 _EMPTY: dict[str, str] = MappingProxyType({})  # type: ignore[assignment]
+
+
+class BlockWrite(NamedTuple):
+    """One verified block for :meth:`ObjectStore.put_blocks` (a bulk put's commit)."""
+
+    key: str
+    data: Payload
+    etag: str
+    xxh3: int
+    reservation: Reservation | None
 
 # Why an object left the store; also the `reason` of a removal event.
 # ``demoted``: it moved to the flash tier (a change of medium; the tier announces it once the write lands).
@@ -363,13 +373,41 @@ class ObjectStore:
         now = self.clock()
         self.check_conditions(bucket, key, now, if_none_match, if_match)
         ttl_s = self.resolve_ttl(bucket, ttl)
-        obj = StoredObject(
+        return self._commit(bucket, now, StoredObject(
             bucket=bucket_name, key=key, data=data, etag=etag,
             xxh3=xxhash.xxh3_64_intdigest(data) if xxh3 is None else xxh3,
             created=now, ttl=ttl_s, content_type=content_type, headers=headers or _EMPTY,
             user_meta=user_meta or _EMPTY, checksums=checksums or _EMPTY, parts_count=parts_count,
             tenant=bucket.owner,
-        )
+        ))
+
+    def put_blocks(self, tenant: str, bucket_name: str, blocks: list[BlockWrite], *, ttl: float | None,
+                   if_absent: bool) -> list[errors.StorageError | StoredObject]:
+        """Commit many verified blocks of one bucket, each on its own (a failure, ``PreconditionFailed`` or no
+        room, is that block's outcome, returned in its place): what :meth:`put` does for each, with the bucket,
+        the clock and the TTL looked up once. Every reservation is released first."""
+        for block in blocks:
+            if block.reservation is not None:
+                block.reservation.release()
+        bucket = self.bucket(tenant, bucket_name)
+        now = self.clock()
+        ttl_s = self.resolve_ttl(bucket, ttl)
+        out: list[errors.StorageError | StoredObject] = []
+        for block in blocks:
+            try:
+                self.check_conditions(bucket, block.key, now, if_absent, None)
+                out.append(self._commit(bucket, now, StoredObject(
+                    bucket=bucket_name, key=block.key, data=block.data, etag=block.etag, xxh3=block.xxh3,
+                    created=now, ttl=ttl_s, content_type="binary/octet-stream", headers=_EMPTY, user_meta=_EMPTY,
+                    checksums=_EMPTY, tenant=bucket.owner,
+                )))
+            except (errors.PreconditionFailed, errors.InsufficientCapacity, errors.EntityTooLarge) as exc:
+                out.append(exc)
+        return out
+
+    def _commit(self, bucket: Bucket, now: float, obj: StoredObject) -> StoredObject:
+        """Make room for ``obj`` (within the quotas, then the budget), replace what holds its key, insert it."""
+        key = obj.key
         old = bucket.objects.get(key)
         live_old = old if old is not None and not old.expired(now) else None
         self._within_quotas(bucket, obj.charge, live_old, now)

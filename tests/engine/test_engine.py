@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from ctxstore_server.engine import errors
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD, StoredObject, object_charge
-from ctxstore_server.engine import REMOVAL_REASONS, Engine, EngineConfig, Reservation, etag_matches
+from ctxstore_server.engine import REMOVAL_REASONS, BlockWrite, Engine, EngineConfig, Reservation, etag_matches
 
 T = "alice"  # the tenant of most tests
 B = "blocks"  # its bucket
@@ -1495,6 +1495,28 @@ def test_a_run_that_cannot_get_room_fails_and_its_release_returns_everything(clo
     run.release()
     assert engine.reserved == 0 and engine.used == 5000
     assert engine.budget.tenant_declared[T] == 0  # nothing left counted as in flight for the tenant
+    check_accounting(engine)
+
+
+def test_blocks_committed_in_one_call_each_get_their_own_outcome(clock: FakeClock) -> None:
+    # A bulk put commits its verified blocks in one engine call (put_blocks): a key that became live meanwhile
+    # is PreconditionFailed, a block with no room left is a capacity error, the others are stored.
+    engine = make_engine(clock)
+    held = ["k1", "p0", "p1", "p2", "p3"]
+    for key in held:
+        put(engine, key)
+    engine.pin(T, B, held, 60)  # the whole budget
+    out = engine.put_blocks(T, B, [BlockWrite(k, payload(k), '"e"', 0, None) for k in ("k0", "k1")], ttl=None,
+                            if_absent=True)
+    assert isinstance(out[0], errors.InsufficientCapacity) and isinstance(out[1], errors.PreconditionFailed)
+    engine.unpin(T, B, held)
+    run = engine.reserve_run(T, B, 2 * SIZE, 2 * (OBJECT_OVERHEAD + 2))
+    run.grow_all()  # evicts two of the unpinned blocks
+    out = engine.put_blocks(T, B, [BlockWrite(k, payload(k), '"e"', 7, run) for k in ("k0", "k2")], ttl=30,
+                            if_absent=True)
+    assert [o.key for o in out if isinstance(o, StoredObject)] == ["k0", "k2"]
+    assert all(o.xxh3 == 7 and o.ttl == 30 for o in out if isinstance(o, StoredObject))
+    assert engine.reserved == 0 and len(keys_of(engine)) == 5 and {"k0", "k2"} <= set(keys_of(engine))
     check_accounting(engine)
 
 
