@@ -641,6 +641,20 @@ def test_evicted_blocks_free_their_memory(limits_bucket) -> None:  # noqa: ANN00
     assert grown_mib < 24, f"RSS grew {grown_mib:.0f} MiB for 64 MiB written through an 8 MiB budget"
 
 
+def head_of_answer_to_whole_request(port: int, head: bytes, body: bytes) -> bytes:
+    """Send ``head`` and all of ``body`` before reading anything (as boto3 and the fuzzer do), then read the
+    answer's head; b"" or a partial head if the connection went away first."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
+
 def test_an_answer_before_a_large_body_reaches_a_client_still_sending_it(server: Node) -> None:
     """A request refused before its body is read (here: not signed), with more body declared than the node
     drains, gets its answer, as a client that sends the whole body before reading (boto3, the fuzzer) sees it.
@@ -649,15 +663,9 @@ def test_an_answer_before_a_large_body_reaches_a_client_still_sending_it(server:
     now sends the answer, half-closes and reads the rest away for a bounded time."""
     body = b"x" * (8 << 20)  # more than the loopback socket buffers hold: the node must read it away
     for attempt in range(5):
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall((f"PUT /no-such-bucket-{attempt}/k HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                answer += chunk
+        head = (f"PUT /no-such-bucket-{attempt}/k HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        answer = head_of_answer_to_whole_request(server.port, head, body)
         assert answer.startswith(b"HTTP/1.1 4"), (attempt, answer[:200])
 
 
@@ -667,13 +675,7 @@ def test_a_head_the_parser_refuses_is_answered_to_a_client_still_sending_its_bod
     unread; the fuzzer saw "no answer" on a clean-clone CI run for such a PUT with a 1 MiB body."""
     body = b"x" * (8 << 20)
     for attempt in range(5):
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
-            sock.sendall((f"PUT /b-{attempt}/k HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-                          f"x-amz-meta-\xdc: v\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1") + body)
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                answer += chunk
+        head = (f"PUT /b-{attempt}/k HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                f"x-amz-meta-\xdc: v\r\nContent-Length: {len(body)}\r\n\r\n").encode("latin-1")
+        answer = head_of_answer_to_whole_request(server.port, head, body)
         assert answer.startswith(b"HTTP/1.1 400"), (attempt, answer[:200])
