@@ -37,7 +37,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
 
-MMAP_THRESHOLD = 1 << 20
+MMAP_THRESHOLD = 1 << 20  # allocations this large get their own mapping, returned on free
 TRIM_THRESHOLD = 1 << 20
 ARENA_MAX = 2
 

@@ -276,7 +276,8 @@ def test_checksum_mismatch_rejects_only_that_block(bulk: Bulk, bucket: str, trai
 
 
 @LAYOUTS
-def test_runs_of_small_blocks_with_skipped_empty_and_bad_ones_land_exactly(bulk: Bulk, bucket: str, trailer: bool) -> None:
+def test_runs_of_small_blocks_with_skipped_empty_and_bad_ones_land_exactly(bulk: Bulk, bucket: str,
+                                                                           trailer: bool) -> None:
     """Small blocks are read in runs with one wait each (bulk/put.py): a run that mixes empty blocks, blocks
     that already exist (skipped) and blocks failing their checksum must still put every byte where it
     belongs."""

@@ -218,4 +218,5 @@ def test_the_bulk_and_s3_suites_pass_against_a_two_shard_node(tmp_path: Path) ->
         env={**os.environ, "CTXSTORE_TEST_WORKERS": "2"}, cwd=tests.parent, capture_output=True, text=True,
         timeout=540, check=False)
     summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
-    assert out.returncode == 0 and " passed" in summary and "failed" not in summary, out.stdout[-6000:] + out.stderr[-2000:]
+    assert out.returncode == 0 and " passed" in summary and "failed" not in summary, \
+        out.stdout[-6000:] + out.stderr[-2000:]
