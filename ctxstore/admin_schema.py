@@ -25,7 +25,7 @@ BUCKET_COUNTER_KEYS = ("hits", "misses", "puts", "deletes", "evictions", "expira
                        "disk_hits", "demotions", "promotions")
 LEVEL_KEYS = ("used", "budget", "objects", "bytes", "charged", "pinned_bytes", "reserved", "parts_bytes",
               "uploads", "state_bytes", "sending_bytes", "buffer_bytes", "disk_budget", "disk_used", "disk_objects", "disk_bytes",
-              "disk_segments", "disk_queued_bytes", "disk_index_bytes", "disk_degraded")
+              "disk_segments", "disk_queued_bytes", "disk_direct_waiting", "disk_index_bytes", "disk_degraded")
 COUNTER_KEYS = BUCKET_COUNTER_KEYS + ("prefetches", "buffer_reuses", "disk_bytes_read", "disk_bytes_written", "disk_evictions",
                                       "disk_expirations", "disk_corrupt", "disk_compactions")
 STAT_KEYS = LEVEL_KEYS + COUNTER_KEYS

@@ -192,6 +192,8 @@ class StoreCollector(Collector):
         ("disk_bytes", "ctxstore_disk_bytes", "Payload bytes the flash tier holds."),
         ("disk_segments", "ctxstore_disk_segments", "Segment files of the flash tier."),
         ("disk_queued_bytes", "ctxstore_disk_queued_bytes", "Blocks waiting to be written to flash."),
+        ("disk_direct_waiting", "ctxstore_disk_direct_waiting",
+         "Blocks of --disk-direct-size in RAM, waiting for room in the demotion queue."),
         ("disk_index_bytes", "ctxstore_disk_index_bytes", "RAM of the flash tier's index."),
         ("disk_degraded", "ctxstore_disk_degraded", "1 when the flash tier stopped writing after a device error."),
     )

@@ -114,7 +114,7 @@ class Settings:
                 "A read served from flash copies the block back into RAM (it stays on flash too).")
     disk_direct_size: int = setting(0, SIZE, "CTXSTORE_DISK_DIRECT_SIZE",
                 "Objects at least this large go to flash right after their write instead of waiting in RAM for "
-                "eviction. 0: off.")
+                "eviction (if the flash write queue is full, they wait in RAM for their turn). 0: off.")
     disk_queue: int = setting(0, SIZE, "CTXSTORE_DISK_QUEUE",
                 "Bytes of demoted blocks waiting for their flash write (held outside --memory); a victim that finds "
                 "the queue full is dropped. 0: --memory/16, between 8 MiB and 256 MiB.")

@@ -285,10 +285,11 @@ class Engine:
 
     def _maybe_straight_to_disk(self, obj: StoredObject) -> None:
         """``disk_direct_size``: a large object goes to flash right after its write (served from the demotion
-        queue until it lands) instead of taking RAM until it is evicted."""
+        queue until it lands; in RAM while it waits for room in that queue) instead of taking RAM until it is
+        evicted."""
         threshold = self.config.disk_direct_size
         if self.tier is not None and threshold and obj.size >= threshold:
-            self.store.demote_now(obj)
+            self.tier.send_direct(obj)
 
     def exists(self, tenant: str, bucket_name: str, key: str) -> bool:
         """Whether either tier holds a live object at ``key`` (not counted as a read)."""

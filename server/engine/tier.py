@@ -8,7 +8,8 @@ The storage itself (segments, index, recovery) is :mod:`ctxstore_server.flash`; 
   It leaves RAM's accounting at once (so the write that needed room proceeds), but stays readable from
   :attr:`FlashTier.demoting` until its write lands. What waits for a write is bounded (``disk_queue``): a victim
   that finds the queue full is dropped, as without a flash tier. A block that came back from flash unchanged is
-  still on flash: its demotion writes nothing.
+  still on flash: its demotion writes nothing. ``disk_direct_size`` sends large blocks down right after their
+  write; one that finds the queue full stays in RAM and waits its turn, going down as earlier writes land.
 - **Reads.** RAM first, then the demotion queue, then flash (verified by the flash store: header, key and
   payload XXH3; a record that fails is a miss and is dropped). A flash hit is promoted into RAM when the
   policy says so and room can be made; otherwise it is sent from a transient buffer that counts against the
@@ -27,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -60,6 +61,9 @@ REMOVED = "removed"
 META_VERSION = 1
 PREFETCH_TASKS = 4  # prefetches reading from flash at once; more are answered but not started
 PREFETCH_KEYS = 1024  # keys one prefetch read asks the flash store for at a time
+# Direct writes waiting for the demotion queue (keys only: the blocks are in RAM). Beyond this the oldest is
+# forgotten and goes down when it is evicted instead; it bounds the list while flash cannot keep up for long.
+DIRECT_WAITING = 1 << 16
 
 
 class BlockRef(NamedTuple):
@@ -126,6 +130,7 @@ class FlashTier:
         self.queued = 0  # payload bytes in self.demoting
         self.tenant_queued: dict[str, int] = {}  # the same per tenant (for the flash shares)
         self._batch: list[StoredObject] = []
+        self.direct_waiting: OrderedDict[tuple[str, str], None] = OrderedDict()  # (bucket, key), oldest first
         self._flush_handle: asyncio.Handle | None = None
         self.listeners: list[DiskListener] = []
         self.counters = TierCounters()
@@ -317,6 +322,39 @@ class FlashTier:
             self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
         return True
 
+    def send_direct(self, obj: StoredObject) -> None:
+        """``disk_direct_size``: demote a large block right after its write instead of when it is evicted. If
+        the demotion queue is full (a burst of writes outrunning the device) it stays in RAM, in line behind the
+        others waiting, and goes down as earlier writes land (:meth:`_send_waiting`)."""
+        if not obj.live or obj.pinned(self.clock()) or not self._may_demote(obj, queue=False):
+            return  # refused for good, not for room: it goes down (or not) when it is evicted
+        if not self.direct_waiting and self.queued + obj.size <= self.queue_limit:
+            self.store.demote_now(obj)
+            return
+        slot = (obj.bucket, obj.key)
+        self.direct_waiting.pop(slot, None)  # a new version of a waiting key goes to the back
+        self.direct_waiting[slot] = None
+        if len(self.direct_waiting) > DIRECT_WAITING:
+            self.direct_waiting.popitem(last=False)
+        self._send_waiting()
+
+    def _send_waiting(self) -> None:
+        """Demote the direct writes that were waiting, oldest first, while the demotion queue has room."""
+        waiting = self.direct_waiting
+        if self.flash.degraded is not None:
+            waiting.clear()  # flash takes nothing more: they stay in RAM
+            return
+        threshold = self.config.disk_direct_size
+        while waiting:
+            bucket_name, key = next(iter(waiting))
+            bucket = self.store.buckets.get(bucket_name)
+            obj = bucket.objects.get(key) if bucket is not None else None
+            if obj is not None and obj.live and obj.size >= threshold:
+                if self.queued + obj.size > self.queue_limit:
+                    return  # still no room: the next landed write calls again
+                self.store.demote_now(obj)
+            waiting.popitem(last=False)  # sent, refused for good, or no longer in RAM
+
     def _may_demote(self, obj: StoredObject, *, queue: bool = True) -> bool:
         if not self.flash_open or self.flash.degraded is not None:
             return False
@@ -340,7 +378,9 @@ class FlashTier:
             return
         records = [FlashRecord(o.bucket, o.key, o.data, o.expires_at, o.created, encode_meta(o), o.xxh3)
                    for o in objects]
-        refused = self.flash.append(records, self._written)
+        # The tier bounds its queue (demote); the store's own bound, which also counts headers, must not refuse
+        # what it admitted: a direct write's block is out of RAM already, so a refusal here would lose it.
+        refused = self.flash.append(records, self._written, force=True)
         for obj, reason in zip(objects, refused):
             if reason is not None:
                 self._demotion_failed(obj, reason)
@@ -358,6 +398,8 @@ class FlashTier:
                 self._announce_demoted(obj)
             elif result.reason != SUPERSEDED:
                 self._demotion_failed(obj, result.reason or "refused")
+        if self.direct_waiting:
+            self._send_waiting()
 
     def _unqueue(self, slot: tuple[str, str]) -> StoredObject | None:
         """Take a victim off the demotion queue (written, failed, deleted or replaced)."""
@@ -643,6 +685,7 @@ class FlashTier:
         return {
             "disk_budget": s.capacity_bytes, "disk_used": s.disk_bytes, "disk_objects": s.blocks,
             "disk_bytes": s.bytes, "disk_segments": s.segments, "disk_queued_bytes": self.queued,
+            "disk_direct_waiting": len(self.direct_waiting),
             "disk_index_bytes": s.index_bytes, "disk_degraded": int(s.degraded is not None),
             "prefetches": self.counters.prefetches, "disk_bytes_read": s.device_bytes_read,
             "disk_bytes_written": s.bytes_written, "disk_evictions": s.evicted, "disk_expirations": s.expired,

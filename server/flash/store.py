@@ -282,8 +282,12 @@ class FlashStore:
 
     # ================================================================================ writing
 
-    def append(self, records: Sequence[FlashRecord], done: DoneCallback | None = None) -> list[str | None]:
+    def append(self, records: Sequence[FlashRecord], done: DoneCallback | None = None, *,
+               force: bool = False) -> list[str | None]:
         """Queue records for the writer; returns at once, per record ``None`` (accepted) or why it was refused.
+        ``force``: whatever the queue's byte bound, for a caller that bounds what it queues itself (the engine's
+        tier counts payloads against ``--disk-queue``; this bound counts whole records, headers included, and
+        would refuse some of what the tier admitted).
 
         ``done`` is called on the event loop, once, with a WriteResult for every accepted record, when all
         of them are written: ``stored=True`` means readable from flash from then on, so the caller may drop
@@ -305,7 +309,7 @@ class FlashStore:
                 items.append(item)
         if items:
             assert self._writer is not None
-            taken = self._writer.submit(items)
+            taken = self._writer.submit(items, force=force)
             j = 0
             for i, reason in enumerate(out):
                 if reason is None:

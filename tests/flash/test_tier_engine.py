@@ -17,6 +17,7 @@ from flash_support import Clock, check_payload, make_payload
 
 from ctxstore_server.engine import Engine, EngineConfig, StoredObject, errors
 from ctxstore_server.engine import engine as engine_module
+from ctxstore_server.engine import tier as tier_module
 
 T = TypeVar("T")
 KiB, MiB = 1 << 10, 1 << 20
@@ -165,6 +166,64 @@ def test_a_full_demotion_queue_drops_victims_as_evictions(tmp_path: Path) -> Non
         assert stats["evictions"] > 0 and stats["demotions"] > 0
         assert ("evicted" in {r for _, r in removed})
         assert stats["disk_queued_bytes"] == 0
+        await engine.close()
+
+    run(go)
+
+
+async def drain(engine: Engine) -> None:
+    """Settle until no demotion is queued and no direct write waits (a bounded number of rounds)."""
+    assert engine.tier is not None
+    for _ in range(100):
+        await settle(engine)
+        if not engine.tier.demoting and not engine.tier.direct_waiting:
+            return
+    raise AssertionError("the flash tier did not drain")
+
+
+def test_direct_writes_that_find_the_queue_full_wait_in_ram_and_go_down_in_turn(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_queue=2 * BLOCK, disk_direct_size=BLOCK, disk_promote=False)
+        assert engine.tier is not None
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 12)  # all at once: two fit the queue, ten wait in RAM, oldest first
+        assert engine.stats()["disk_direct_waiting"] == 10
+        assert [key for _, key in engine.tier.direct_waiting] == keys[2:]
+        assert all(in_ram(engine, key) for key in keys[2:])
+        got = await engine.fetch_many(TENANT, BUCKET, keys)
+        assert [check_payload(k, o.data) if o else None for k, o in zip(keys, got)] == [0] * 12
+        deleted, shrunk = keys[5], keys[6]
+        assert engine.delete(TENANT, BUCKET, deleted)
+        put(engine, shrunk, version=1, size=BLOCK // 2)  # below the direct size now: it stays in RAM
+        await drain(engine)
+        sent = [k for k in keys if k not in (deleted, shrunk)]
+        assert all(on_flash(engine, k) and not in_ram(engine, k) for k in sent)
+        assert not on_flash(engine, deleted) and not on_flash(engine, shrunk) and in_ram(engine, shrunk)
+        stats = engine.stats()
+        assert stats["disk_objects"] == 10 and stats["disk_direct_waiting"] == 0 and stats["evictions"] == 0
+        got = await engine.fetch_many(TENANT, BUCKET, sent + [shrunk])
+        assert [check_payload(k, o.data) if o else None for k, o in zip(sent + [shrunk], got)] == [0] * 10 + [1]
+        await engine.close()
+
+    run(go)
+
+
+def test_the_direct_writes_waiting_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond the bound the oldest is forgotten: it stays in RAM and goes down only when it is evicted."""
+    clock = Clock()
+    monkeypatch.setattr(tier_module, "DIRECT_WAITING", 4)
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_queue=2 * BLOCK, disk_direct_size=BLOCK)
+        assert engine.tier is not None
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 12)
+        assert [key for _, key in engine.tier.direct_waiting] == keys[8:]
+        await drain(engine)
+        assert all(on_flash(engine, k) for k in keys[:2] + keys[8:])
+        assert all(in_ram(engine, k) and not on_flash(engine, k) for k in keys[2:8])
         await engine.close()
 
     run(go)

@@ -421,8 +421,9 @@ def _restore_elsewhere(node: Node, bucket: str, tokens: list[int], blocks: list[
 def test_a_restarted_node_gives_a_client_in_another_process_its_blocks_back(tmp_path: Path, disk: Path,
                                                                             stop: str) -> None:
     """SIGTERM: the node writes what only RAM held before it exits. SIGKILL: what reached flash survives (here
-    every block does: large blocks go straight to flash, and the test waits until they are written)."""
-    extra = ("--disk-direct-size", "32KiB") if stop == "sigkill" else ()
+    every block does: large blocks go straight to flash, and the test waits until they are written; the small
+    demotion queue makes most of them wait in RAM for their turn, as a slow disk does)."""
+    extra = ("--disk-direct-size", "32KiB", "--disk-queue", "1MiB") if stop == "sigkill" else ()
     args = flash_args(disk, *extra, memory="64MiB")
     node = start_probed_node(tmp_path, *args)
     tokens = list(range(16 * 200))
