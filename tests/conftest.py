@@ -17,6 +17,7 @@ from support.nodes import (  # noqa: F401  (re-exported for test modules)
     OTHER_ACCESS_KEY,
     OTHER_SECRET_KEY,
     SECRET_KEY,
+    STARTED,
     Node,
     free_port,
     make_client,
@@ -24,6 +25,19 @@ from support.nodes import (  # noqa: F401  (re-exported for test modules)
     start_node,
     wait_ready,
 )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Stop the nodes a test started and left running (a failed assertion skips its cleanup): a leftover
+    node would hold its port and memory, and its Popen would warn when collected, in a later test. Nodes that
+    fixtures start are started before the call and left to their fixtures."""
+    first = len(STARTED)
+    yield
+    leftovers = STARTED[first:]
+    STARTED[:] = [node for node in STARTED[:first] if node.proc.poll() is None]
+    for node in leftovers:
+        node.stop()
 
 
 @pytest.fixture(scope="session")

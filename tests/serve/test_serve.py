@@ -307,3 +307,15 @@ def test_help_lists_every_flag() -> None:
     for setting in SETTINGS:
         flag = "--" + setting.name.replace("_", "-")
         assert (flag in proc.stdout) == setting.flag, flag
+
+
+def test_a_node_a_failed_test_left_running_is_stopped_when_the_test_ends(tmp_path: Path) -> None:
+    """The suite's own cleanup (tests/conftest.py), driven as pytest drives it around a test's call."""
+    import conftest
+
+    around_call = conftest.pytest_runtest_call(item=None)
+    next(around_call)
+    left = start_node(tmp_path)  # the "test" fails here, before its own node.stop()
+    with pytest.raises(StopIteration):
+        next(around_call)
+    assert left.proc.returncode is not None and left.proc.poll() is not None

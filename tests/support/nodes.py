@@ -24,6 +24,11 @@ OTHER_ACCESS_KEY = "CTXTESTACCESSKEY0002"
 OTHER_SECRET_KEY = "ctxstore-test-secret-key-0002"
 
 
+# Every node started in this process, so that what a test leaves running (it failed before its own cleanup) is
+# stopped when the test ends: see pytest_runtest_call in tests/conftest.py.
+STARTED: list[Node] = []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -32,13 +37,16 @@ def free_port() -> int:
 
 @dataclass
 class Node:
-    """A running ctxstore process."""
+    """A running ctxstore process (each one is remembered in STARTED)."""
 
     port: int
     proc: subprocess.Popen
     scheme: str = "http"
     log: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        STARTED.append(self)
 
     @property
     def endpoint(self) -> str:
