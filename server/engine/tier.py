@@ -360,6 +360,8 @@ class FlashTier:
             return False
         if obj.expires_at - self.clock() < self.config.disk_min_ttl or obj.size > self.max_block:
             return False
+        if obj.size > self.queue_limit:
+            return False  # it could never be queued (a direct write would wait for room for good)
         if queue and self.queued + obj.size > self.queue_limit:
             return False
         quota = self.store.budget.tenant_quota.get(obj.tenant, 0)

@@ -210,6 +210,23 @@ def test_direct_writes_that_find_the_queue_full_wait_in_ram_and_go_down_in_turn(
     run(go)
 
 
+def test_a_direct_write_larger_than_the_demotion_queue_stays_in_ram_and_holds_up_no_other(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_queue=2 * BLOCK, disk_direct_size=BLOCK)
+        assert engine.tier is not None
+        engine.create_bucket(TENANT, BUCKET)
+        put(engine, "big", size=3 * BLOCK)
+        keys = fill(engine, 6)
+        await drain(engine)
+        assert in_ram(engine, "big") and not on_flash(engine, "big")
+        assert all(on_flash(engine, k) and not in_ram(engine, k) for k in keys)
+        await engine.close()
+
+    run(go)
+
+
 def test_the_direct_writes_waiting_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond the bound the oldest is forgotten: it stays in RAM and goes down only when it is evicted."""
     clock = Clock()
