@@ -23,6 +23,7 @@ from support.nodes import (  # noqa: F401  (re-exported for test modules)
     make_client,
     serving,
     start_node,
+    stop_process,
     wait_ready,
 )
 
@@ -35,9 +36,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     first = len(STARTED)
     yield
     leftovers = STARTED[first:]
-    STARTED[:] = [node for node in STARTED[:first] if node.proc.poll() is None]
-    for node in leftovers:
-        node.stop()
+    STARTED[:] = [proc for proc in STARTED[:first] if proc.poll() is None]
+    for proc in leftovers:
+        stop_process(proc)
 
 
 @pytest.fixture(scope="session")

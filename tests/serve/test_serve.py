@@ -316,6 +316,18 @@ def test_a_node_a_failed_test_left_running_is_stopped_when_the_test_ends(tmp_pat
     around_call = conftest.pytest_runtest_call(item=None)
     next(around_call)
     left = start_node(tmp_path)  # the "test" fails here, before its own node.stop()
+    view = Node(port=left.port, proc=left.proc)  # another handle on the same process (a shard's, a restart's)
     with pytest.raises(StopIteration):
         next(around_call)
-    assert left.proc.returncode is not None and left.proc.poll() is not None
+    assert left.proc.poll() is not None and view.proc is left.proc
+
+    kept = start_node(tmp_path)  # a fixture's node, started before the call: the test may make views of it
+    around_call = conftest.pytest_runtest_call(item=None)
+    next(around_call)
+    Node(port=kept.port, proc=kept.proc)
+    with pytest.raises(StopIteration):
+        next(around_call)
+    try:
+        assert kept.proc.poll() is None
+    finally:
+        kept.stop()

@@ -24,9 +24,10 @@ OTHER_ACCESS_KEY = "CTXTESTACCESSKEY0002"
 OTHER_SECRET_KEY = "ctxstore-test-secret-key-0002"
 
 
-# Every node started in this process, so that what a test leaves running (it failed before its own cleanup) is
-# stopped when the test ends: see pytest_runtest_call in tests/conftest.py.
-STARTED: list[Node] = []
+# The process of every Node made in this process (once, however many Nodes share it: a shard's view, a restart's
+# handle), so that what a test leaves running (it failed before its own cleanup) is stopped when the test ends:
+# see pytest_runtest_call in tests/conftest.py.
+STARTED: list[subprocess.Popen] = []
 
 
 def free_port() -> int:
@@ -37,7 +38,7 @@ def free_port() -> int:
 
 @dataclass
 class Node:
-    """A running ctxstore process (each one is remembered in STARTED)."""
+    """A running ctxstore process (remembered in STARTED)."""
 
     port: int
     proc: subprocess.Popen
@@ -46,21 +47,27 @@ class Node:
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        STARTED.append(self)
+        if not any(proc is self.proc for proc in STARTED):
+            STARTED.append(self.proc)
 
     @property
     def endpoint(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def stop(self, timeout: float = 15) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> int:
+    """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def start_node(tmp: Path, *args: str, env: dict[str, str] | None = None, scheme: str = "http",
