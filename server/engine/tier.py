@@ -221,7 +221,9 @@ class FlashTier:
             if not fut.done():
                 fut.set_result((len(stored), sum(len(r.record.payload) for r in stored)))
 
-        if not batch or all(reason is not None for reason in self.flash.append(batch, written)):
+        # force: the spill bounds what it has in flight itself (three batches); a block larger than a quarter of
+        # the queue makes batches the store's own bound would refuse in part.
+        if not batch or all(reason is not None for reason in self.flash.append(batch, written, force=True)):
             fut.set_result((0, 0))
         return fut
 

@@ -527,6 +527,26 @@ def test_a_clean_shutdown_spills_ram_so_a_restart_has_everything(tmp_path: Path)
     run(go)
 
 
+def test_a_shutdown_spill_of_blocks_larger_than_its_batches_writes_every_one(tmp_path: Path) -> None:
+    """A batch is a quarter of the demotion queue or one block, whichever is more: three 48 KiB batches in
+    flight are more than the 64 KiB queue, and the flash store's own bound must not refuse them."""
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_queue=4 * BLOCK)
+        engine.create_bucket(TENANT, BUCKET)
+        keys = [f"big{i}" for i in range(8)]
+        for key in keys:
+            put(engine, key, size=3 * BLOCK)
+        assert await engine.close(spill_seconds=30) == 8
+        again = await opened(tmp_path, clock, disk_queue=4 * BLOCK)
+        for key in keys:
+            assert check_payload(key, (await again.fetch(TENANT, BUCKET, key)).data) == 0
+        await again.close()
+
+    run(go)
+
+
 @pytest.mark.parametrize("seconds", [30.0, 1e-9])
 def test_a_shutdown_spill_of_many_batches_keeps_to_its_deadline(tmp_path: Path, seconds: float) -> None:
     clock = Clock()
