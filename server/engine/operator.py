@@ -107,7 +107,8 @@ class Operator:
         if self.tier_stats is not None:
             return self.tier_stats()
         return {"disk_budget": 0, "disk_used": 0, "disk_objects": 0, "disk_bytes": 0, "disk_segments": 0,
-                "disk_queued_bytes": 0, "disk_direct_waiting": 0, "disk_index_bytes": 0, "disk_degraded": 0, "prefetches": 0,
+                "disk_queued_bytes": 0, "disk_direct_waiting": 0, "disk_index_bytes": 0, "disk_degraded": 0,
+                "prefetches": 0,
                 "disk_bytes_read": 0, "disk_bytes_written": 0, "disk_evictions": 0, "disk_expirations": 0,
                 "disk_corrupt": 0, "disk_compactions": 0, "disk_degraded_reason": None, "disk_recovery": None,
                 "disk_buckets": {}}

@@ -12,11 +12,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
 import xxhash
+from support.raw import loopback_listener, recv_request, serve_in_background
 
 from ctxstore import ContextStore, Timeouts, wire
 from ctxstore.hashing import Fingerprint
@@ -45,39 +45,17 @@ class ScriptedNode:
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        self.sock, self.port = loopback_listener()
+        serve_in_background(self.sock, self._connection, concurrent=False)
 
-    def _serve(self) -> None:
-        while True:
+    def _connection(self, conn: socket.socket) -> None:
+        with conn:
             try:
-                conn, _ = self.sock.accept()
+                request = recv_request(conn)
+                if request is not None:
+                    conn.sendall(self.answer(request[0][0]))
             except OSError:
-                return
-            with conn:
-                try:
-                    data = b""
-                    while b"\r\n\r\n" not in data:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        data += chunk
-                    head, _, rest = data.partition(b"\r\n\r\n")
-                    lines = head.split(b"\r\n")
-                    length = next((int(v) for k, _, v in (l.partition(b":") for l in lines[1:])
-                                   if k.strip().lower() == b"content-length"), 0)
-                    while len(rest) < length:
-                        chunk = conn.recv(65536)
-                        if not chunk:
-                            break
-                        rest += chunk
-                    conn.sendall(self.answer(lines[0]))
-                except OSError:
-                    pass
+                pass
 
     def close(self) -> None:
         self.sock.close()

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 import xxhash
+from support.raw import loopback_listener, recv_request, serve_in_background
 
 from ctxstore import ContextStore, Timeouts, wire
 
@@ -44,40 +44,15 @@ class VersionedNode:
     puts: list[Put] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+        self.sock, self.port = loopback_listener()
+        serve_in_background(self.sock, self._connection, concurrent=True)
 
     def _connection(self, conn: socket.socket) -> None:
         with conn:
-            buf = b""
+            pending = b""
             try:
-                while True:
-                    while b"\r\n\r\n" not in buf:
-                        chunk = conn.recv(1 << 20)
-                        if not chunk:
-                            return
-                        buf += chunk
-                    head, _, buf = buf.partition(b"\r\n\r\n")
-                    lines = head.split(b"\r\n")
-                    length = next(int(v) for k, _, v in (line.partition(b":") for line in lines[1:])
-                                  if k.strip().lower() == b"content-length")
-                    while len(buf) < length:
-                        chunk = conn.recv(1 << 20)
-                        if not chunk:
-                            return
-                        buf += chunk
-                    body, buf = buf[:length], buf[length:]
+                while (request := recv_request(conn, pending)) is not None:
+                    lines, body, pending = request
                     conn.sendall(self._answer(lines[0], body))
             except OSError:
                 return

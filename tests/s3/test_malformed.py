@@ -36,6 +36,7 @@ from support.raw import (
     crc32_b64,
     http_chunked,
     raw_request,
+    recv_head,
     sign,
     signed_chunked_body,
     signed_request,
@@ -646,12 +647,7 @@ def head_of_answer_to_whole_request(port: int, head: bytes, body: bytes) -> byte
     answer's head; b"" or a partial head if the connection went away first."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(head + body)
-        answer = b""
-        while b"\r\n\r\n" not in answer:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
+        answer, _, _ = recv_head(sock)
     return answer
 
 

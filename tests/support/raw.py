@@ -1,6 +1,7 @@
 """Requests built by hand for tests of bad input: signed with botocore's own SigV4 signer (any payload hash,
 extra headers), aws-chunked and HTTP-chunked bodies, and a raw HTTP/1.1 connection that can send half a
-request, stall, and read what the server answers or whether it closed."""
+request, stall, and read what the server answers or whether it closed; the bare socket parts of the scripted
+nodes that stand in for a node in client tests."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import hashlib
 import hmac
 import re
 import socket
+import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
 
@@ -252,3 +255,62 @@ def unsigned_trailer_body(data: bytes, crc_b64: str, chunk: int = 64 * 1024) -> 
 
 def crc32_b64(data: bytes) -> str:
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+
+
+# ---------------------------------------------------------------------------- bare sockets, both ends
+
+
+def loopback_listener() -> tuple[socket.socket, int]:
+    """A listening socket on a free loopback port, and the port (for a scripted node)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock, sock.getsockname()[1]
+
+
+def serve_in_background(sock: socket.socket, handle: Callable[[socket.socket], None], *,
+                        concurrent: bool) -> None:
+    """Accept connections on ``sock`` in a daemon thread until it is closed, and ``handle`` each (which closes
+    it): in a thread of its own when ``concurrent``, else one after the other."""
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            if concurrent:
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            else:
+                handle(conn)
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
+def recv_head(sock: socket.socket, data: bytes = b"") -> tuple[bytes, bytes, bool]:
+    """Receive until ``data`` holds a whole HTTP head: (the head, what came after it, whether the head is
+    whole: False if the peer closed first, the head then holding what arrived)."""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            return data, b"", False
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest, True
+
+
+def recv_request(sock: socket.socket, data: bytes = b"") -> tuple[list[bytes], bytes, bytes] | None:
+    """One HTTP request with a Content-Length body (none without one), ``data`` being what was read past the
+    last: (its head's lines, its body, what came after it), or None if the peer closed first."""
+    head, rest, whole = recv_head(sock, data)
+    if not whole:
+        return None
+    lines = head.split(b"\r\n")
+    length = next((int(v) for k, _, v in (line.partition(b":") for line in lines[1:])
+                   if k.strip().lower() == b"content-length"), 0)
+    while len(rest) < length:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            return None
+        rest += chunk
+    return lines, rest[:length], rest[length:]
