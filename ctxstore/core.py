@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from .errors import (
     server_error,
 )
 from .hashing import Fingerprint
+from .lanes import Lanes, check_threads, default_threads
 from .metrics import Metrics
 from .pod import Node, Pod, expand_dns, is_ip, parse_nodes
 from .frames import GetReader, TrailedPayloads
@@ -38,6 +39,11 @@ from .transport import BodyReader, Buffer, BytesReader, Response, request_head
 
 
 T = TypeVar("T")
+
+#: A node's share of a bulk call is cut into parts for the client's threads, but not below this many bytes
+#: (or keys, when the sizes are not known before the answer): a small restore stays one request on one thread.
+MIN_PART_BYTES = 1 << 20
+MIN_PART_KEYS = 16
 
 
 @dataclass(frozen=True)
@@ -121,6 +127,7 @@ class AsyncContextStore:
         pool_size: int = 8,
         probe_interval: float = 0.5,
         dns_refresh: float = 30.0,
+        threads: int | None = None,
     ) -> None:
         nodes = nodes if nodes is not None else os.environ.get("CTXSTORE_NODES")
         access_key = access_key or os.environ.get("CTXSTORE_ACCESS_KEY")
@@ -148,14 +155,26 @@ class AsyncContextStore:
         self._pod_args = dict(pool_size=pool_size, connect_timeout=self.timeouts.connect,
                               read_timeout=self.timeouts.read, probe_interval=probe_interval)
         self._pod: Pod | None = None
+        self._pid = os.getpid()
         self._buckets: set[str] = set()  # created by this store: re-created on a node that restarted empty
+        # Bulk gets and puts are spread over this many threads: the calling loop's and threads - 1 more.
+        self.threads = default_threads() if threads is None else check_threads(threads)
+        self._lanes = Lanes(self.threads, pool_size=pool_size, connect_timeout=self.timeouts.connect,
+                            read_timeout=self.timeouts.read)
 
     @property
     def pod(self) -> Pod:
-        # Created lazily: its pools and probes belong to the event loop that first uses them.
-        if self._pod is None:
+        # Created lazily: its pools and probes belong to the event loop that first uses them. A forked child
+        # starts a pod of its own: the parent's connections are the parent's.
+        if self._pod is None or self._pid != os.getpid():
             self._pod = Pod(self._addresses, **self._pod_args)  # type: ignore[arg-type]
+            self._pid = os.getpid()
+            self._resolving = None
         return self._pod
+
+    def _mark_down(self, node: Node, reason: str) -> None:
+        self.pod.mark_down(node, reason)
+        self._lanes.forget(node.host, node.port)
 
     async def namespace(self, bucket: str, *, model: str, block_size: int = 16, scheme: str = "xxh3-128",
                         create: bool = True, **fingerprint: Any) -> AsyncNamespace:
@@ -181,7 +200,7 @@ class AsyncContextStore:
         try:
             response = await node.pool.request(head, (), lambda s, n: BytesReader(n))
         except NodeUnavailable as exc:
-            self.pod.mark_down(node, str(exc))
+            self._mark_down(node, str(exc))
             if self.strict:
                 raise
             return
@@ -193,9 +212,11 @@ class AsyncContextStore:
     # ------------------------------------------------------------------ one call to one node
 
     async def _call(self, node: Node, bucket: str, op: str, head_bytes: bytes,
-                    payloads: Sequence[Buffer] | TrailedPayloads, reader: BodyReader | None = None) -> Response:
-        """One bulk request; a 200 answer's body goes to ``reader`` (default: a small buffer), others to a
-        buffer the error is read from. Raises the client error of any failure."""
+                    payloads: Sequence[Buffer] | TrailedPayloads, reader: BodyReader | None = None,
+                    lane: int = 0) -> Response:
+        """One bulk request, sent and received on ``lane`` (0: this loop); a 200 answer's body goes to ``reader``
+        (default: a small buffer), others to a buffer the error is read from. Raises the client error of any
+        failure."""
         if not node.up:
             raise NodeUnavailable(node.name, "marked down")
         path = wire.path(bucket, op)
@@ -213,13 +234,16 @@ class AsyncContextStore:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeouts.total):
-                response = await node.pool.request(request, body, factory)
+                if lane:
+                    response = await self._lanes.request(lane, node.host, node.port, request, body, factory)
+                else:
+                    response = await node.pool.request(request, body, factory)
         except TimeoutError:
             exc: ContextStoreError = NodeUnavailable(node.name, f"call exceeded {self.timeouts.total:g} s")
-            self.pod.mark_down(node, str(exc))
+            self._mark_down(node, str(exc))
             raise exc from None
         except NodeUnavailable as exc:
-            self.pod.mark_down(node, str(exc))
+            self._mark_down(node, str(exc))
             raise
         except wire.WireError as exc:
             raise ProtocolError(node.name, 200, exc.code, str(exc)) from None
@@ -233,7 +257,7 @@ class AsyncContextStore:
                 node.put_trailer = False  # e.g. a node rolled back to a version without trailers
                 raise _TrailerRefused()
             if response.status >= 500 and not isinstance(error, SlowDown):
-                self.pod.mark_down(node, str(error))
+                self._mark_down(node, str(error))
             raise error
         return response
 
@@ -251,18 +275,18 @@ class AsyncContextStore:
 
     async def _exchange(self, node: Node, bucket: str, op: str, head: bytes, decode: Callable[[Response], T], *,
                         payloads: Sequence[Buffer] | TrailedPayloads = (), reader: BodyReader | None = None,
-                        recreate_bucket: bool = False) -> T | None:
+                        recreate_bucket: bool = False, lane: int = 0) -> T | None:
         """One bulk call to one node and its decoded answer. A failure is counted and answers None (strict mode
         raises it instead). ``recreate_bucket``: a node that restarted empty since this store created the bucket
         answers NoSuchBucket; the bucket is created there again, once, and the call repeated."""
         try:
             try:
-                response = await self._call(node, bucket, op, head, payloads, reader)
+                response = await self._call(node, bucket, op, head, payloads, reader, lane)
             except NoSuchBucket:
                 if not (recreate_bucket and bucket in self._buckets):
                     raise
                 await self._create_on(node, bucket)
-                response = await self._call(node, bucket, op, head, payloads, reader)
+                response = await self._call(node, bucket, op, head, payloads, reader, lane)
             return decode(response)
         except (ContextStoreError, wire.WireError) as exc:
             self._degrade(_as_client_error(node, exc))
@@ -304,7 +328,7 @@ class AsyncContextStore:
         """One lookup call per node; ``place(idx, answer)`` takes each node's answer (not called for a node
         that failed: its keys stay missing)."""
 
-        async def one(node: Node, idx: list[int]) -> None:
+        async def one(node: Node, idx: list[int], lane: int) -> None:
             head = wire.encode_keys_request("lookup", wire.KeysRequest([keys[i] for i in idx], pin=pin))
             result = await self._exchange(node, bucket, "lookup", head,
                                           lambda r: wire.decode_lookup_response(_head(r, "lookup", len(idx)), len(idx)))
@@ -323,10 +347,11 @@ class AsyncContextStore:
         """Fetch blocks into their destinations; None where missing, failed or corrupt."""
         views: list[Target | None] = [None] * len(keys)
 
-        async def one(node: Node, idx: list[int]) -> None:
+        async def one(node: Node, idx: list[int], lane: int) -> None:
             reader = GetReader(len(idx), destinations, idx)
             head = wire.encode_keys_request("get", wire.KeysRequest([keys[i] for i in idx], pin=pin))
-            if await self._exchange(node, bucket, "get", head, lambda r: reader.finish(), reader=reader) is None:
+            if await self._exchange(node, bucket, "get", head, lambda r: reader.finish(), reader=reader,
+                                    lane=lane) is None:
                 return
             if reader.oversized:  # blocks that did not fit the caller's buffers were discarded: misses
                 self.metrics.count("oversized_blocks", len(reader.oversized))
@@ -346,37 +371,54 @@ class AsyncContextStore:
                 received += len(view)
             self.metrics.count("bytes_in", received)
 
-        await self._fan_out(one, keys, split=lambda idx: self._get_batches(idx, destinations))
+        await self._fan_out(one, keys, split=lambda idx: self._get_batches(idx, destinations), spread=True)
         return views
 
     def _get_batches(self, idx: list[int], destinations: Destinations) -> list[list[int]]:
-        """``idx`` in runs of at most ``bytes_per_get`` bytes of destination (one run when new memory is
-        allocated: the sizes are not known before the answer)."""
+        """``idx`` in runs of at most ``bytes_per_get`` bytes of destination, and in at least as many runs as
+        there are threads when there is enough to share (whole keys when new memory is allocated: the sizes are
+        not known before the answer)."""
         capacities = [c for c in map(destinations.capacity, idx) if c is not None]
         if len(capacities) < len(idx):
-            return [idx]
-        return _byte_runs(idx, capacities, self.limits.bytes_per_get)
+            parts = min(self.threads, max(1, len(idx) // MIN_PART_KEYS))
+            return [idx[len(idx) * k // parts:len(idx) * (k + 1) // parts] for k in range(parts)]
+        return _byte_runs(idx, capacities, self._part_bytes(sum(capacities), self.limits.bytes_per_get))
+
+    def _part_bytes(self, total: int, limit: int) -> int:
+        """The most bytes one part of a node's share of ``total`` bytes carries: ``limit``, or less so that every
+        thread gets a part (never below :data:`MIN_PART_BYTES`: a small call stays one request)."""
+        if self.threads == 1:
+            return limit
+        return min(limit, max(MIN_PART_BYTES, -(-total // self.threads)))
 
     async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
                        ttl: float | None = None, if_absent: bool = True) -> SaveResult:
         result = SaveResult()
 
-        async def one(node: Node, idx: list[int]) -> None:
-            for batch in _byte_runs(idx, [len(blocks[i]) for i in idx], self.limits.bytes_per_call):
-                answer = await self._put_batch(node, bucket, [keys[i] for i in batch], [blocks[i] for i in batch],
-                                               ttl, if_absent)
-                if answer is not None:  # decoded before the next batch starts
-                    result.stored += answer.results.count("stored")
-                    result.existed += answer.results.count("exists")
-                    self.metrics.count("bytes_out", sum(len(blocks[i]) for i in batch))
+        async def one(node: Node, batch: list[int], lane: int) -> None:
+            answer = await self._put_batch(node, bucket, [keys[i] for i in batch], [blocks[i] for i in batch],
+                                           ttl, if_absent, lane)
+            if answer is not None:
+                result.stored += answer.results.count("stored")
+                result.existed += answer.results.count("exists")
+                self.metrics.count("bytes_out", sum(len(blocks[i]) for i in batch))
 
-        await self._fan_out(one, keys)
+        def batches(idx: list[int]) -> list[list[int]]:
+            sizes = [len(blocks[i]) for i in idx]
+            limit = self.limits.bytes_per_call
+            if self.threads > 1:  # several in flight per node: each no larger than a get's part
+                limit = self._part_bytes(sum(sizes), min(limit, self.limits.bytes_per_get))
+            return _byte_runs(idx, sizes, limit)
+
+        # A thread's batches to one node go one after another (each decoded before the next starts): a node
+        # has at most one put call per client thread to take in at a time.
+        await self._fan_out(one, keys, split=batches, spread=True, in_turn=True)
         # Everything neither stored nor found: rejected, failed calls, and blocks of nodes marked down.
         result.failed = len(keys) - result.stored - result.existed
         return result
 
     async def _put_batch(self, node: Node, bucket: str, keys: list[str], blocks: list[memoryview],
-                         ttl: float | None, if_absent: bool) -> wire.PutResponse | None:
+                         ttl: float | None, if_absent: bool, lane: int) -> wire.PutResponse | None:
         """One put call. To a node that announced it, the checksums follow the payloads (each block hashed as
         it is sent); a node that then refuses that frame (it was replaced by an older version) gets the call
         again with the checksums in the head."""
@@ -390,19 +432,20 @@ class AsyncContextStore:
             head = wire.encode_put_head(wire.PutRequest(keys, sizes, None, ttl, if_absent))
             try:
                 return await self._exchange(node, bucket, "put", head, decode, payloads=TrailedPayloads(blocks),
-                                            recreate_bucket=True)
+                                            recreate_bucket=True, lane=lane)
             except _TrailerRefused:
                 pass
         head = wire.encode_put_head(wire.PutRequest(keys, sizes, [xxhash.xxh3_64_intdigest(b) for b in blocks],
                                                     ttl, if_absent))
-        return await self._exchange(node, bucket, "put", head, decode, payloads=blocks, recreate_bucket=True)
+        return await self._exchange(node, bucket, "put", head, decode, payloads=blocks, recreate_bucket=True,
+                                    lane=lane)
 
     async def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                       seconds: float = 0.0) -> int:
         """touch (``ttl``) / pin (``seconds``) / unpin / delete over the pod; returns how many keys were live."""
         total = 0
 
-        async def one(node: Node, idx: list[int]) -> None:
+        async def one(node: Node, idx: list[int], lane: int) -> None:
             nonlocal total
             head = wire.encode_keys_request(op, wire.KeysRequest([keys[i] for i in idx], ttl=ttl, seconds=seconds))
             count = await self._exchange(node, bucket, op, head, lambda r: wire.decode_count_response(_head(r, "count", 0)))
@@ -423,14 +466,20 @@ class AsyncContextStore:
             loop = asyncio.get_running_loop()
             addresses = await loop.run_in_executor(None, expand_dns, self._spec)  # getaddrinfo blocks
             if addresses != self._addresses:
+                for gone in set(self._addresses) - set(addresses):
+                    self._lanes.forget(*gone)
                 self._addresses = addresses
                 self.pod.update(addresses)
         finally:
             self._resolved_at = time.monotonic()
             self._resolving = None
 
-    async def _fan_out(self, one: Any, keys: Sequence[str],
-                       split: Callable[[list[int]], list[list[int]]] | None = None) -> None:
+    async def _fan_out(self, one: Callable[[Node, list[int], int], Awaitable[None]], keys: Sequence[str],
+                       split: Callable[[list[int]], list[list[int]]] | None = None, *, spread: bool = False,
+                       in_turn: bool = False) -> None:
+        """``one(node, part, lane)`` for every part of each up node's keys (``split`` cuts a node's keys into
+        parts). ``spread``: the parts go round the client's threads, else all run on this loop (lane 0).
+        ``in_turn``: a lane's parts to one node run one after another, else all at once."""
         self._maybe_refresh_membership()
         work: list[tuple[Node, list[int]]] = []
         for node, idx in self.pod.group(keys).items():
@@ -441,7 +490,19 @@ class AsyncContextStore:
                 continue
             chunks = self._chunks(idx)
             work += [(node, part) for chunk in chunks for part in (split(chunk) if split else [chunk])]
-        await _gather_all([one(node, chunk) for node, chunk in work])
+        lanes = self.threads if spread else 1
+        if not in_turn:
+            await _gather_all([one(node, part, k % lanes) for k, (node, part) in enumerate(work)])
+            return
+        queues: dict[tuple[Node, int], list[list[int]]] = {}
+        for k, (node, part) in enumerate(work):
+            queues.setdefault((node, k % lanes), []).append(part)
+
+        async def in_order(node: Node, lane: int, parts: list[list[int]]) -> None:
+            for part in parts:
+                await one(node, part, lane)
+
+        await _gather_all([in_order(node, lane, parts) for (node, lane), parts in queues.items()])
 
     def metrics_snapshot(self) -> dict[str, object]:
         """Hits, misses, bytes, checksum failures, errors, latency percentiles and node health."""
@@ -450,6 +511,7 @@ class AsyncContextStore:
     async def aclose(self) -> None:
         if self._pod is not None:
             self._pod.close()
+        self._lanes.close()
 
     async def __aenter__(self) -> AsyncContextStore:
         return self

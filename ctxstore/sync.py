@@ -6,45 +6,12 @@ a test checks the two surfaces stay identical.
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from .buffers import Destinations, Target
 from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult
-
-T = TypeVar("T")
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (about 20 % less client CPU per restore, docs/benchmarks.md), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
-class _LoopThread:
-    """An event loop running in a daemon thread, for calling coroutines from synchronous code."""
-
-    def __init__(self) -> None:
-        self.loop = _new_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="ctxstore-client", daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("ContextStore methods cannot be called from its own loop thread")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(5)
-        if not self.loop.is_running():
-            self.loop.close()
+from .lanes import LoopThread
 
 
 class ContextStore:
@@ -52,12 +19,16 @@ class ContextStore:
 
     ``ContextStore(nodes, access_key=..., secret_key=...)``; ``nodes`` is ``"host:port,host:port"``, a list, or a
     DNS name resolving to every node. Missing arguments come from ``CTXSTORE_NODES``,
-    ``CTXSTORE_ACCESS_KEY`` and ``CTXSTORE_SECRET_KEY``. Other keywords as for :class:`AsyncContextStore`.
+    ``CTXSTORE_ACCESS_KEY`` and ``CTXSTORE_SECRET_KEY``. Other keywords as for :class:`AsyncContextStore`
+    (``threads``: how many threads receive and send a bulk call, this client's loop thread included).
+
+    Its loop thread starts at the first call. In a child process forked after that, the first call starts the
+    child's own threads and connections (the parent's are left to the parent).
     """
 
     def __init__(self, nodes: str | Sequence[str] | None = None, **kwargs: Any) -> None:
         self._async = AsyncContextStore(nodes, **kwargs)
-        self._loop = _LoopThread()
+        self._loop = LoopThread("ctxstore-client")
 
     def namespace(self, bucket: str, *, model: str, block_size: int = 16, scheme: str = "xxh3-128",
                   create: bool = True, **fingerprint: Any) -> Namespace:
@@ -90,11 +61,16 @@ class ContextStore:
                 seconds: float = 0.0) -> int:
         return self._loop.run(self._async.keys_op(bucket, op, keys, ttl=ttl, seconds=seconds))
 
+    @property
+    def threads(self) -> int:
+        return self._async.threads
+
     def metrics_snapshot(self) -> dict[str, object]:
         return self._loop.run(_value(self._async.metrics_snapshot))
 
     def close(self) -> None:
-        self._loop.run(self._async.aclose())
+        if self._loop.started:
+            self._loop.run(self._async.aclose())
         self._loop.stop()
 
     def __enter__(self) -> ContextStore:
@@ -107,7 +83,7 @@ class ContextStore:
 class Namespace:
     """Synchronous twin of :class:`~ctxstore.core.AsyncNamespace`."""
 
-    def __init__(self, ns: AsyncNamespace, loop: _LoopThread) -> None:
+    def __init__(self, ns: AsyncNamespace, loop: LoopThread) -> None:
         self._ns = ns
         self._loop = loop
         self.bucket = ns.bucket

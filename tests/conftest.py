@@ -2,7 +2,11 @@
 clients talking to it. The helpers themselves live in ``support.nodes``.
 
 ``CTXSTORE_TEST_WORKERS=N`` makes the session's node a ``--workers N`` node (the tests talk to its first
-shard): e.g. ``CTXSTORE_TEST_WORKERS=2 scripts/test tests/bulk tests/s3`` runs those suites against one."""
+shard): e.g. ``CTXSTORE_TEST_WORKERS=2 scripts/test tests/bulk tests/s3`` runs those suites against one.
+
+``CTXSTORE_THREADS=N`` (N > 1) is every client's default number of threads, and the client then cuts even the
+tests' small calls into parts for them (``CTXSTORE_TEST_SMALL_PARTS=1``): ``tests/client/test_threads.py``
+runs the client suites this way."""
 
 from __future__ import annotations
 
@@ -39,6 +43,21 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     STARTED[:] = [proc for proc in STARTED[:first] if proc.poll() is None]
     for proc in leftovers:
         stop_process(proc)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def small_parts() -> Iterator[None]:
+    """With ``CTXSTORE_TEST_SMALL_PARTS=1``, a call of a few KiB is split over the client's threads as a large
+    one is: the tests' blocks are small, and parts of them must cross threads too."""
+    if os.environ.get("CTXSTORE_TEST_SMALL_PARTS") != "1":
+        yield
+        return
+    import ctxstore.core
+
+    saved = ctxstore.core.MIN_PART_BYTES, ctxstore.core.MIN_PART_KEYS
+    ctxstore.core.MIN_PART_BYTES = ctxstore.core.MIN_PART_KEYS = 1
+    yield
+    ctxstore.core.MIN_PART_BYTES, ctxstore.core.MIN_PART_KEYS = saved
 
 
 @pytest.fixture(scope="session")

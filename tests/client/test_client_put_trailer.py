@@ -91,9 +91,10 @@ def nodes() -> Iterator[list[VersionedNode]]:
 
 
 def save_twice(node: VersionedNode, *, strict: bool = False, between: object = None) -> tuple[list[int], int]:
-    """Two saves of 4 blocks of 64 KiB; what each stored, and the client's error count."""
+    """Two saves of 4 blocks of 64 KiB, one put call each (one thread); what each stored, and the client's
+    error count."""
     store = ContextStore(f"127.0.0.1:{node.port}", access_key="AKIDEXAMPLE", secret_key="secret-0000",
-                         timeouts=Timeouts(connect=1.0, read=2.0, total=5.0), strict=strict)
+                         timeouts=Timeouts(connect=1.0, read=2.0, total=5.0), strict=strict, threads=1)
     try:
         ns = store.namespace("bkt", model="m", block_size=BS, create=False)
         blocks = [os.urandom(64 << 10) for _ in range(4)]

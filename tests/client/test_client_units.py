@@ -414,7 +414,8 @@ BLOCKS = [bytes([i]) * 1000 for i in range(4)]
 
 
 def _store(port: int, **kwargs: Any) -> AsyncContextStore:
-    return AsyncContextStore(f"127.0.0.1:{port}", access_key=ACCESS, secret_key=SECRET, **kwargs)
+    """A client of one thread: the fake nodes answer each call with one scripted answer for all its keys."""
+    return AsyncContextStore(f"127.0.0.1:{port}", access_key=ACCESS, secret_key=SECRET, **{"threads": 1, **kwargs})
 
 
 def test_checksum_mismatch_is_a_counted_miss() -> None:
