@@ -82,9 +82,10 @@ class Processes:
     def __init__(self) -> None:
         self.procs: list[tuple[str, subprocess.Popen[bytes], str]] = []
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, *, core: int = SERVER_CORE,
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None, *, core: int | str = SERVER_CORE,
               stdin: int | None = None, stdout: int | None = None) -> subprocess.Popen[bytes]:
-        """Start ``argv`` pinned to ``core`` (``taskset`` execs it, so the PID is the program's own)."""
+        """Start ``argv`` pinned to ``core`` (a core, or a ``taskset -c`` list such as ``"0-7"``; ``taskset`` execs
+        it, so the PID is the program's own)."""
         fd, path = tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")
         with os.fdopen(fd, "wb") as log:
             proc = subprocess.Popen(["taskset", "-c", str(core), *argv], env=env, stdin=stdin,

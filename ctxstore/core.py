@@ -509,7 +509,7 @@ class AsyncContextStore:
         return {**self.metrics.snapshot(), "nodes": self.pod.health()}
 
     async def aclose(self) -> None:
-        if self._pod is not None:
+        if self._pod is not None and self._pid == os.getpid():  # a forked child leaves the parent's pod alone
             self._pod.close()
         self._lanes.close()
 
