@@ -30,6 +30,7 @@ from .errors import (
     server_error,
 )
 from .hashing import Fingerprint
+from . import staging as staging_module
 from .lanes import Lanes, check_threads, default_threads
 from .metrics import Metrics
 from .pod import Node, Pod, expand_dns, is_ip, parse_nodes
@@ -44,6 +45,8 @@ T = TypeVar("T")
 #: (or keys, when the sizes are not known before the answer): a small restore stays one request on one thread.
 MIN_PART_BYTES = 1 << 20
 MIN_PART_KEYS = 16
+#: A device's staging pool is this many host chunks: one being received, one being copied, two to spare.
+STAGING_CHUNKS = 4
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class AsyncContextStore:
         probe_interval: float = 0.5,
         dns_refresh: float = 30.0,
         threads: int | None = None,
+        staging: str = "auto",
+        staging_bytes: int = 256 << 20,
     ) -> None:
         nodes = nodes if nodes is not None else os.environ.get("CTXSTORE_NODES")
         access_key = access_key or os.environ.get("CTXSTORE_ACCESS_KEY")
@@ -161,6 +166,14 @@ class AsyncContextStore:
         self.threads = default_threads() if threads is None else check_threads(threads)
         self._lanes = Lanes(self.threads, pool_size=pool_size, connect_timeout=self.timeouts.connect,
                             read_timeout=self.timeouts.read)
+        # Tensors on a device (and CPU torch tensors in "host" mode) move through a pool of this many bytes of
+        # host chunks per device (staging.py), allocated at first use.
+        if staging not in staging_module.MODES:
+            raise ConfigurationError(f"staging must be one of {staging_module.MODES}, not {staging!r}")
+        _require_positive("staging_bytes", staging_bytes, integer=True)
+        self.staging = staging
+        self.staging_bytes = staging_bytes
+        self._stagers: dict[tuple[str, int | None], staging_module.Stager] = {}
 
     @property
     def pod(self) -> Pod:
@@ -504,6 +517,16 @@ class AsyncContextStore:
 
         await _gather_all([in_order(node, lane, parts) for (node, lane), parts in queues.items()])
 
+    def _stager(self, device: Any) -> staging_module.Stager:
+        """The staging pool of a device (made at first use: host chunks are allocated then, once)."""
+        key = (device.type, device.index)
+        stager = self._stagers.get(key)
+        if stager is None:
+            chunks = STAGING_CHUNKS
+            stager = staging_module.Stager(staging_module.backend_for(device), self.staging_bytes // chunks, chunks)
+            self._stagers[key] = stager
+        return stager
+
     def metrics_snapshot(self) -> dict[str, object]:
         """Hits, misses, bytes, checksum failures, errors, latency percentiles and node health."""
         return {**self.metrics.snapshot(), "nodes": self.pod.health()}
@@ -564,16 +587,19 @@ class AsyncNamespace:
         """Fetch the cached prefix of ``tokens`` in one round trip per node.
 
         ``out``: None (allocate), a list of per-block buffers, or one buffer holding every block in equal
-        slots (bytearray, memoryview, numpy array, CPU torch tensor). ``pin``: keep the fetched blocks from
-        eviction for that many seconds."""
+        slots (bytearray, memoryview, numpy array, torch tensor). A tensor on a GPU (one, or one per block) is
+        filled through the client's staging pool (docs/client.md); the blocks of the result are then uint8
+        views of it. ``pin``: keep the fetched blocks from eviction for that many seconds."""
         keys = self.block_hashes(tokens)
-        destinations = Destinations(out, len(keys))
-        views = await self.store.get_keys(self.bucket, keys, destinations, pin=pin)
-        blocks: list[Target] = []
-        for view in views:
-            if view is None:
-                break
-            blocks.append(view)
+        if staging_module.wants_staging(out, self.store.staging):
+            blocks: list[Any] = await self._restore_staged(keys, out, pin)
+        else:
+            views = await self.store.get_keys(self.bucket, keys, Destinations(out, len(keys)), pin=pin)
+            blocks = []
+            for view in views:
+                if view is None:
+                    break
+                blocks.append(view)
         self.store.metrics.count("hits", len(blocks))
         self.store.metrics.count("misses", len(keys) - len(blocks))
         return RestoreResult(len(blocks), len(blocks) * self.block_size, blocks)
@@ -585,8 +611,47 @@ class AsyncNamespace:
             raise ConfigurationError(f"{len(blocks)} blocks for {len(keys)} full blocks of tokens")
         if ttl is not None and not ttl > 0:
             raise ConfigurationError("ttl must be positive")
+        if staging_module.wants_staging(blocks, self.store.staging):
+            return await self._save_staged(keys[:len(blocks)], blocks, ttl)
         views = [byte_view(b) for b in blocks]
         return await self.store.put_keys(self.bucket, keys[:len(views)], views, ttl=ttl)
+
+    async def _restore_staged(self, keys: list[str], out: Any, pin: float) -> list[Any]:
+        """Restore into device memory through the staging pool: the leading blocks, as uint8 device views."""
+        if not keys:
+            return []
+        out = staging_module.ready(out)
+        target, event = staging_module.target_of(out, len(keys))
+
+        async def fetch(first: int, count: int, host: Any, slot: int) -> list[int | None]:
+            arena = byte_view(host)[:count * slot]
+            views = await self.store.get_keys(self.bucket, keys[first:first + count], Destinations(arena, count),
+                                              pin=pin)
+            return [None if v is None else len(v) for v in views]
+
+        sizes = await staging_module.restore(self.store._stager(target.device), target, event, fetch)
+        return [target.block(i, size) for i, size in enumerate(sizes)]
+
+    async def _save_staged(self, keys: list[str], blocks: Any, ttl: float | None) -> SaveResult:
+        """Save device blocks through the staging pool, a chunk at a time."""
+        if not keys:
+            return SaveResult()
+        source, event = staging_module.target_of(staging_module.ready(blocks), len(keys), what="blocks")
+        if isinstance(source, staging_module.BlockTensors) and len({len(f) for f in source.flats}) > 1:
+            raise ConfigurationError("blocks on a device must all have the same size")
+
+        async def send(first: int, count: int, host: Any, size: int) -> SaveResult:
+            arena = byte_view(host)
+            views = [arena[i * size:(i + 1) * size] for i in range(count)]
+            return await self.store.put_keys(self.bucket, keys[first:first + count], views, ttl=ttl)
+
+        results = await staging_module.save(self.store._stager(source.device), source, event, send)
+        total = SaveResult()
+        for r in results:
+            total.stored += r.stored
+            total.existed += r.existed
+            total.failed += r.failed
+        return total
 
     async def touch(self, tokens: Sequence[int], ttl: float | None = None) -> int:
         """Extend the life of the cached blocks of ``tokens``; returns how many were live."""

@@ -12,6 +12,7 @@ from typing import Any
 from .buffers import Destinations, Target
 from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult
 from .lanes import LoopThread
+from .staging import ready
 
 
 class ContextStore:
@@ -103,11 +104,13 @@ class Namespace:
     def prefetch(self, tokens: Sequence[int]) -> int:
         return self._loop.run(self._ns.prefetch(tokens))
 
+    # Device tensors are marked with this thread's current stream here: the loop thread has another.
+
     def restore(self, tokens: Sequence[int], out: Any = None, *, pin: float = 0.0) -> RestoreResult:
-        return self._loop.run(self._ns.restore(tokens, out, pin=pin))
+        return self._loop.run(self._ns.restore(tokens, ready(out), pin=pin))
 
     def save(self, tokens: Sequence[int], blocks: Sequence[Any], ttl: float | None = None) -> SaveResult:
-        return self._loop.run(self._ns.save(tokens, blocks, ttl))
+        return self._loop.run(self._ns.save(tokens, ready(blocks), ttl))
 
     def touch(self, tokens: Sequence[int], ttl: float | None = None) -> int:
         return self._loop.run(self._ns.touch(tokens, ttl))
@@ -122,7 +125,7 @@ class Namespace:
         return self._loop.run(self._ns.delete(tokens))
 
     def park(self, tokens: Sequence[int], blocks: Sequence[Any], *, ttl: float, pin: float) -> SaveResult:
-        return self._loop.run(self._ns.park(tokens, blocks, ttl=ttl, pin=pin))
+        return self._loop.run(self._ns.park(tokens, ready(blocks), ttl=ttl, pin=pin))
 
 
 async def _value(fn: Any) -> Any:

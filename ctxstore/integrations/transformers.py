@@ -150,23 +150,25 @@ class KVLayout:
     def block_bytes(self) -> int:
         return self.block_elements * self.dtype.itemsize
 
-    def empty(self, n_blocks: int, *, pin_memory: bool = False) -> torch.Tensor:
-        """An uninitialised CPU buffer for ``n_blocks`` blocks, ``[n_blocks, *block_shape]``;
-        ``pin_memory=True`` for a buffer whose cache goes on to a GPU."""
-        return torch.empty((n_blocks, *self.block_shape), dtype=self.dtype, pin_memory=pin_memory)
+    def empty(self, n_blocks: int, *, pin_memory: bool = False,
+              device: torch.device | str | None = None) -> torch.Tensor:
+        """An uninitialised buffer for ``n_blocks`` blocks, ``[n_blocks, *block_shape]``, on the CPU (``pin_memory``
+        for a buffer whose cache goes on to a GPU) or on ``device``."""
+        return torch.empty((n_blocks, *self.block_shape), dtype=self.dtype, pin_memory=pin_memory, device=device)
 
     def pack(self, cache: Any, n_blocks: int, *, batch_index: int = 0,
              out: torch.Tensor | None = None) -> torch.Tensor:
         """The first ``n_blocks`` blocks of ``cache`` in this layout, ``[n_blocks, *block_shape]``,
-        C-contiguous on the CPU (``result[i]`` is block ``i``): one strided copy per layer and K/V, into
-        ``out`` if given."""
+        C-contiguous on the cache's device (``result[i]`` is block ``i``): one strided copy per layer and K/V,
+        into ``out`` if given (on any device)."""
         pairs = cache_tensors(cache)
         self._check(pairs, batch_index)
         n_tokens = n_blocks * self.block_size
         have = _seq_length(cache, pairs)
         if n_tokens > have:
             raise ValueError(f"{n_blocks} blocks need {n_tokens} tokens; the cache holds {have}")
-        buf = self.empty(n_blocks) if out is None else self._arena(out, n_blocks)
+        device = pairs[0][0].device if pairs else None
+        buf = self.empty(n_blocks, device=device) if out is None else self._arena(out, n_blocks)
         flat = buf.view(n_tokens, *self.token_shape)
         for layer, (keys, values) in enumerate(pairs):
             flat[:, layer, 0].copy_(keys[batch_index, :, :n_tokens].transpose(0, 1))
@@ -206,11 +208,11 @@ class KVLayout:
                     raise ValueError(f"batch_index {batch_index} out of range for batch size {t.shape[0]}")
 
     def _arena(self, out: torch.Tensor, n_blocks: int) -> torch.Tensor:
-        """``out`` (any shape; this dtype, contiguous, CPU) as ``[n_blocks, *block_shape]``: a view."""
+        """``out`` (any shape and device; this dtype, contiguous) as ``[n_blocks, *block_shape]``: a view."""
         if not isinstance(out, torch.Tensor):
             raise ConfigurationError(f"out must be a torch tensor, got {type(out).__name__}")
-        if out.dtype != self.dtype or out.device.type != "cpu" or not out.is_contiguous():
-            raise ConfigurationError(f"out must be a contiguous CPU tensor of {self.dtype}")
+        if out.dtype != self.dtype or not out.is_contiguous():
+            raise ConfigurationError(f"out must be a contiguous tensor of {self.dtype}")
         need = n_blocks * self.block_elements
         if out.numel() < need:
             raise ConfigurationError(f"out holds {out.numel()} elements; {n_blocks} blocks need {need}")
@@ -289,7 +291,9 @@ class KVNamespace:
         n_blocks = min(len(tokens), _seq_length(cache, cache_tensors(cache))) // self.block_size
         if n_blocks == 0:
             return [], []
-        packed = self.layout.pack(cache, n_blocks, batch_index=batch_index)
+        packed = self.layout.pack(cache, n_blocks, batch_index=batch_index)  # on the cache's device
+        if packed.device.type != "cpu":  # one tensor: the client stages it to the host a chunk at a time
+            return tokens[:n_blocks * self.block_size], packed.view(n_blocks, -1)  # type: ignore[return-value]
         return tokens[:n_blocks * self.block_size], list(packed.view(n_blocks, -1))
 
     def restore(self, tokens: Any, *, max_tokens: int | None = None, out: torch.Tensor | None = None,
@@ -300,16 +304,21 @@ class KVNamespace:
         is left for the caller's forward pass, which yields the logits of the next token. The cache is then
         cut inside the last block (a view, no copy). Pass ``max_tokens=len(tokens)`` when you need no logits.
 
-        The blocks land in ``out`` (a contiguous CPU tensor of the layout's dtype with room for the full
-        blocks of the first ``max_tokens`` tokens, rounded up to a block; e.g. pinned memory from
-        ``layout.empty``) or in a new tensor. ``pin``: protect the fetched blocks from eviction for that many
-        seconds. ``device``: where the cache's tensors go (default: they stay views of the CPU buffer)."""
+        The blocks land in ``out`` (a contiguous tensor of the layout's dtype with room for the full blocks of
+        the first ``max_tokens`` tokens, rounded up to a block; on the CPU, or on a GPU) or in a new tensor on
+        ``device`` (default: the CPU). A GPU buffer is filled through the client's staging pool (pinned host
+        chunks, one copy per chunk), and the cache's tensors are views of it. ``pin``: protect the fetched blocks
+        from eviction for that many seconds. ``device`` with a CPU ``out``: the cache's tensors are copied
+        there, layer by layer."""
         tokens = _token_list(tokens)
         limit = len(tokens) - 1 if max_tokens is None else min(max_tokens, len(tokens))
         limit = max(limit, 0)
         bs = self.block_size
         n_fetch = min(len(tokens) // bs, -(-limit // bs))
-        buffer = self.layout.empty(n_fetch) if out is None else self.layout._arena(out, n_fetch)
+        if out is None:
+            buffer = self.layout.empty(n_fetch, device=device)
+        else:
+            buffer = self.layout._arena(out, n_fetch)
         if n_fetch == 0:
             return RestoredCache(cache_from_tensors([]), 0, 0, buffer)
         result = self.ns.restore(tokens[:n_fetch * bs], out=buffer, pin=pin)
@@ -319,7 +328,8 @@ class KVNamespace:
                 break
             n_blocks += 1
         n_tokens = min(n_blocks * bs, limit)
-        cache = self.layout.unpack(buffer, n_tokens, device=device) if n_tokens else cache_from_tensors([])
+        target = None if device is None or torch.device(device) == buffer.device else device
+        cache = self.layout.unpack(buffer, n_tokens, device=target) if n_tokens else cache_from_tensors([])
         return RestoredCache(cache, n_tokens, n_blocks, buffer[:n_blocks])
 
     def delete(self, tokens: Any) -> int:

@@ -275,7 +275,10 @@ def test_caches_without_the_full_history_are_refused(hf: Any) -> None:
         hf.kv.KVLayout.from_config(model.config).pack(cache, 1)
 
 
-def test_save_restore_through_the_pod(hf: Any, pod: list[Node]) -> None:
+@pytest.mark.parametrize("staging", ["auto", "host"])
+def test_save_restore_through_the_pod(hf: Any, pod: list[Node], staging: str) -> None:
+    # "host": the cache's blocks and the restore buffer go through the client's staging pool (host backend), the
+    # path a GPU cache takes, here with CPU tensors.
     from ctxstore import ContextStore
 
     torch = hf.torch
@@ -283,7 +286,8 @@ def test_save_restore_through_the_pod(hf: Any, pod: list[Node]) -> None:
     tokens = [7 + i % 50 for i in range(40)]  # 2 full blocks and 8 tokens
     cache = hf.transformers.DynamicCache()
     run(hf, model, tokens[:39], cache)  # the last token is not fed yet: the cache holds 39
-    with ContextStore([n.endpoint for n in pod], access_key=ACCESS_KEY, secret_key=SECRET_KEY) as store:
+    with ContextStore([n.endpoint for n in pod], access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+                      staging=staging) as store:
         kv = hf.kv.KVNamespace.open(store, "hf-" + secrets.token_hex(6), model, model_id="t/small")
         assert kv.save(tokens, cache).stored == 2
         assert kv.save(tokens, cache).existed == 2

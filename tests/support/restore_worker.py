@@ -115,10 +115,11 @@ def main() -> int:
         report["loop"] = "asyncio"
     else:
         sync_store = ContextStore(config["nodes"], **options)
-        report["loop"] = "uvloop" if "uvloop" in sys.modules else "asyncio"  # the sync client's own choice
         try:
             sync_ns = sync_store.namespace(config["bucket"], model=config["model"], block_size=config["block_size"],
                                            create=False)
+            # The sync client's own choice, made when its loop thread started (at the first call).
+            report["loop"] = "uvloop" if type(sync_store._loop.loop).__module__.startswith("uvloop") else "asyncio"
             for _ in range(config.get("repeat", 1)):
                 deadline = time.monotonic() + 3
                 while not all_up(sync_store.metrics_snapshot()) and time.monotonic() < deadline:
