@@ -453,6 +453,42 @@ class AsyncContextStore:
         return await self._exchange(node, bucket, "put", head, decode, payloads=blocks, recreate_bucket=True,
                                     lane=lane)
 
+    async def get_keys_staged(self, bucket: str, keys: Sequence[str], out: Any, *, pin: float = 0.0) -> list[int]:
+        """Fetch the leading blocks of ``keys`` into device memory through the staging pool (docs/client.md):
+        ``out`` is a tensor with a slot per key, a list of per-key tensors, or a :class:`staging.Target` (e.g. a
+        paged KV cache). Returns the sizes of the leading blocks that arrived whole and verified, every one of
+        them copied by the time this returns; nothing after the first missing one is copied."""
+        if not keys:
+            return []
+        target, event = staging_module.target_of(staging_module.ready(out), len(keys))
+
+        async def fetch(first: int, count: int, host: Any, slot: int) -> list[int | None]:
+            arena = byte_view(host)[:count * slot]
+            views = await self.get_keys(bucket, keys[first:first + count], Destinations(arena, count), pin=pin)
+            return [None if v is None else len(v) for v in views]
+
+        return await staging_module.restore(self._stager(target.device), target, event, fetch)
+
+    async def put_keys_staged(self, bucket: str, keys: Sequence[str], blocks: Any, *,
+                              ttl: float | None = None) -> SaveResult:
+        """Save blocks from device memory through the staging pool, a chunk at a time: ``blocks`` is a tensor
+        with a block per row, a list of equally sized tensors, or a :class:`staging.Target`."""
+        if not keys:
+            return SaveResult()
+        source, event = staging_module.target_of(staging_module.ready(blocks), len(keys), what="blocks")
+
+        async def send(first: int, count: int, host: Any, size: int) -> SaveResult:
+            arena = byte_view(host)
+            views = [arena[i * size:(i + 1) * size] for i in range(count)]
+            return await self.put_keys(bucket, keys[first:first + count], views, ttl=ttl)
+
+        total = SaveResult()
+        for r in await staging_module.save(self._stager(source.device), source, event, send):
+            total.stored += r.stored
+            total.existed += r.existed
+            total.failed += r.failed
+        return total
+
     async def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                       seconds: float = 0.0) -> int:
         """touch (``ttl``) / pin (``seconds``) / unpin / delete over the pod; returns how many keys were live."""
@@ -592,7 +628,9 @@ class AsyncNamespace:
         views of it. ``pin``: keep the fetched blocks from eviction for that many seconds."""
         keys = self.block_hashes(tokens)
         if staging_module.wants_staging(out, self.store.staging):
-            blocks: list[Any] = await self._restore_staged(keys, out, pin)
+            sizes = await self.store.get_keys_staged(self.bucket, keys, out, pin=pin)
+            target, _ = staging_module.target_of(out, len(keys))
+            blocks: list[Any] = [target.block(i, size) for i, size in enumerate(sizes)]
         else:
             views = await self.store.get_keys(self.bucket, keys, Destinations(out, len(keys)), pin=pin)
             blocks = []
@@ -612,46 +650,9 @@ class AsyncNamespace:
         if ttl is not None and not ttl > 0:
             raise ConfigurationError("ttl must be positive")
         if staging_module.wants_staging(blocks, self.store.staging):
-            return await self._save_staged(keys[:len(blocks)], blocks, ttl)
+            return await self.store.put_keys_staged(self.bucket, keys[:len(blocks)], blocks, ttl=ttl)
         views = [byte_view(b) for b in blocks]
         return await self.store.put_keys(self.bucket, keys[:len(views)], views, ttl=ttl)
-
-    async def _restore_staged(self, keys: list[str], out: Any, pin: float) -> list[Any]:
-        """Restore into device memory through the staging pool: the leading blocks, as uint8 device views."""
-        if not keys:
-            return []
-        out = staging_module.ready(out)
-        target, event = staging_module.target_of(out, len(keys))
-
-        async def fetch(first: int, count: int, host: Any, slot: int) -> list[int | None]:
-            arena = byte_view(host)[:count * slot]
-            views = await self.store.get_keys(self.bucket, keys[first:first + count], Destinations(arena, count),
-                                              pin=pin)
-            return [None if v is None else len(v) for v in views]
-
-        sizes = await staging_module.restore(self.store._stager(target.device), target, event, fetch)
-        return [target.block(i, size) for i, size in enumerate(sizes)]
-
-    async def _save_staged(self, keys: list[str], blocks: Any, ttl: float | None) -> SaveResult:
-        """Save device blocks through the staging pool, a chunk at a time."""
-        if not keys:
-            return SaveResult()
-        source, event = staging_module.target_of(staging_module.ready(blocks), len(keys), what="blocks")
-        if isinstance(source, staging_module.BlockTensors) and len({len(f) for f in source.flats}) > 1:
-            raise ConfigurationError("blocks on a device must all have the same size")
-
-        async def send(first: int, count: int, host: Any, size: int) -> SaveResult:
-            arena = byte_view(host)
-            views = [arena[i * size:(i + 1) * size] for i in range(count)]
-            return await self.store.put_keys(self.bucket, keys[first:first + count], views, ttl=ttl)
-
-        results = await staging_module.save(self.store._stager(source.device), source, event, send)
-        total = SaveResult()
-        for r in results:
-            total.stored += r.stored
-            total.existed += r.existed
-            total.failed += r.failed
-        return total
 
     async def touch(self, tokens: Sequence[int], ttl: float | None = None) -> int:
         """Extend the life of the cached blocks of ``tokens``; returns how many were live."""

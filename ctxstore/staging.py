@@ -26,7 +26,9 @@ through it). torch is imported only when a tensor is staged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,10 +43,15 @@ def is_torch(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch") and hasattr(obj, "device")
 
 
+def is_target(obj: Any) -> bool:
+    """A :class:`Target` made by the caller (e.g. a paged KV cache's blocks)."""
+    return hasattr(obj, "scatter") and hasattr(obj, "gather") and hasattr(obj, "block_bytes")
+
+
 def wants_staging(obj: Any, mode: str) -> bool:
     """Whether a destination or a source goes through the stager: a device tensor always, a CPU torch tensor
     in ``host`` mode (a list: judged by its first element)."""
-    if isinstance(obj, Ready):
+    if isinstance(obj, Ready) or is_target(obj):
         return True
     if isinstance(obj, (list, tuple)):
         return bool(obj) and wants_staging(obj[0], mode)
@@ -52,7 +59,9 @@ def wants_staging(obj: Any, mode: str) -> bool:
 
 
 class CopyBackend(Protocol):
-    """What the stager needs of a device. Copies are enqueued on the backend's copy stream, in order."""
+    """What the stager needs of a device. Copies are enqueued on the backend's copy stream, in order, in
+    inference mode: engines make their KV caches as inference tensors (vLLM does), which take in-place writes
+    only there, and inference mode is per thread (the client's loop thread is not the engine's)."""
 
     device: Any
 
@@ -69,6 +78,8 @@ class CopyBackend(Protocol):
     def record(self) -> Any: ...
 
     def wait(self, event: Any) -> None: ...
+
+    def on_stream(self) -> AbstractContextManager[Any]: ...
 
 
 class HostBackend:
@@ -87,10 +98,12 @@ class HostBackend:
         return self.torch.empty(nbytes, dtype=self.torch.uint8)
 
     def copy(self, dst: Any, src: Any) -> None:
-        dst.copy_(src)
+        with self.torch.inference_mode():
+            dst.copy_(src)
 
     def scatter(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
-        self.torch._foreach_copy_(list(dsts), list(srcs))
+        with self.torch.inference_mode():
+            self.torch._foreach_copy_(list(dsts), list(srcs))
 
     def after(self, event: Any) -> None:
         pass
@@ -100,6 +113,9 @@ class HostBackend:
 
     def wait(self, event: Any) -> None:
         pass
+
+    def on_stream(self) -> AbstractContextManager[Any]:
+        return self.torch.inference_mode()  # type: ignore[no-any-return]
 
 
 class CudaBackend:
@@ -120,11 +136,11 @@ class CudaBackend:
             return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
 
     def copy(self, dst: Any, src: Any) -> None:
-        with self.torch.cuda.stream(self.stream):
+        with self.torch.cuda.stream(self.stream), self.torch.inference_mode():
             dst.copy_(src, non_blocking=True)
 
     def scatter(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
-        with self.torch.cuda.stream(self.stream):
+        with self.torch.cuda.stream(self.stream), self.torch.inference_mode():
             self.torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
 
     def after(self, event: Any) -> None:
@@ -139,6 +155,13 @@ class CudaBackend:
     def wait(self, event: Any) -> None:
         if event is not None:
             event.synchronize()
+
+    def on_stream(self) -> AbstractContextManager[Any]:
+        """Device work a target does itself (index copies into a paged cache) goes on the copy stream."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.torch.cuda.stream(self.stream))
+        stack.enter_context(self.torch.inference_mode())
+        return stack
 
 
 def backend_for(device: Any) -> CopyBackend:
@@ -167,7 +190,7 @@ def ready(obj: Any) -> Any:
     if isinstance(obj, Ready) or not wants_staging(obj, "host"):
         return obj
     first = obj[0] if isinstance(obj, (list, tuple)) else obj
-    if first.device.type != "cuda":
+    if getattr(first.device, "type", None) != "cuda":
         return obj
     import torch
 
@@ -195,6 +218,7 @@ class Target(Protocol):
     block_bytes: int  # the most bytes one block may have
     n_blocks: int
     device: Any
+    exact: bool  # a block must have exactly block_bytes (else: at most)
 
     def scatter(self, backend: CopyBackend, staging: Callable[[], Any], chunk: Any, first: int, count: int,
                 size: int) -> None: ...
@@ -210,6 +234,7 @@ class FlatTarget:
     def __init__(self, tensor: Any, n_blocks: int) -> None:
         self.flat = _bytes_of(tensor, "out")
         self.device = self.flat.device
+        self.exact = False
         self.n_blocks = n_blocks
         self.block_bytes = len(self.flat) // n_blocks if n_blocks else 0
 
@@ -243,6 +268,7 @@ class BlockTensors:
         if len(devices) > 1:
             raise ConfigurationError(f"{what} spans several devices: {sorted(map(str, devices))}")
         self.device = self.flats[0].device if self.flats else None
+        self.exact = False
         self.n_blocks = n_blocks
         self.block_bytes = min((len(f) for f in self.flats), default=0)
 
@@ -268,8 +294,15 @@ def target_of(obj: Any, n_blocks: int, *, what: str = "out") -> tuple[Target, An
     """The device :class:`Target` of a destination or a source and the event to order after."""
     event = obj.event if isinstance(obj, Ready) else None
     tensors = obj.tensors if isinstance(obj, Ready) else obj
+    if is_target(tensors):
+        if tensors.n_blocks < n_blocks:
+            raise ConfigurationError(f"{what} holds {tensors.n_blocks} blocks for {n_blocks} keys")
+        return tensors, event
     if isinstance(tensors, (list, tuple)):
-        return BlockTensors(tensors, n_blocks, what=what), event
+        target = BlockTensors(tensors, n_blocks, what=what)
+        if what == "blocks" and len({len(f) for f in target.flats}) > 1:
+            raise ConfigurationError("blocks on a device must all have the same size")
+        return target, event
     return FlatTarget(tensors, n_blocks), event
 
 
@@ -362,6 +395,8 @@ async def restore(stager: Stager, target: Target, event: Any, fetch: Fetch, *, d
             try:
                 leading = _leading(got)
                 size = (got[0] or 0) if leading else 0
+                if target.exact and size != target.block_bytes:
+                    leading = 0  # a block of another size is not this target's: a miss
                 same = next((i for i in range(leading) if got[i] != size), leading)  # one copy: equal sizes
                 if same:
                     compact = _compact(chunk.host, target.block_bytes, size, same)

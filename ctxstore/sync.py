@@ -58,6 +58,13 @@ class ContextStore:
                  ttl: float | None = None, if_absent: bool = True) -> SaveResult:
         return self._loop.run(self._async.put_keys(bucket, keys, blocks, ttl=ttl, if_absent=if_absent))
 
+    def get_keys_staged(self, bucket: str, keys: Sequence[str], out: Any, *, pin: float = 0.0) -> list[int]:
+        return self._loop.run(self._async.get_keys_staged(bucket, keys, ready(out), pin=pin))
+
+    def put_keys_staged(self, bucket: str, keys: Sequence[str], blocks: Any, *,
+                        ttl: float | None = None) -> SaveResult:
+        return self._loop.run(self._async.put_keys_staged(bucket, keys, ready(blocks), ttl=ttl))
+
     def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                 seconds: float = 0.0) -> int:
         return self._loop.run(self._async.keys_op(bucket, op, keys, ttl=ttl, seconds=seconds))

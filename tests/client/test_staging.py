@@ -230,3 +230,4 @@ def test_the_cuda_backend_round_trips_device_tensors(node: Node) -> None:
         assert all(torch.equal(p.cpu(), blocks[i]) for i, p in enumerate(per_block))
         stager = next(iter(store._async._stagers.values()))
         assert all(c.host.is_pinned() for c in stager._free._queue)  # type: ignore[union-attr,attr-defined]
+

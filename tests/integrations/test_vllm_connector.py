@@ -261,6 +261,28 @@ def delta(after: dict[str, Any], before: dict[str, Any], name: str) -> float:
     return float(after["metrics"].get(name, 0)) - float(before["metrics"].get(name, 0))
 
 
+def test_every_vllm_cache_layout_round_trips_bit_exact_through_the_staging_pool(pod: list[Node]) -> None:
+    # vLLM's own create_kv_cache_views over flat buffers, for every KVCacheLayout with kernel-block splits, padded
+    # pages, MLA and fp8; saved and restored through the connector's layout code and the staging pool.
+    env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+           "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([str(VLLM_PYTHON), str(DRIVER), "layouts", pod[0].endpoint, "layouts-" + secrets.token_hex(4)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    report = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("REPORT "))[7:])
+    checked = {case: r for case, r in report.items() if isinstance(r, dict)}
+    refused = {case: r for case, r in report.items() if isinstance(r, str)}
+    assert len(report) == 6 * 5 and all(r.startswith("vLLM refuses") for r in refused.values())
+    # Every layout round-trips plain, MLA and fp8 caches; kernel splits and padding where vLLM allows them.
+    for layout in ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"):
+        assert {f"{layout}/bf16", f"{layout}/mla", f"{layout}/fp8"} <= set(checked), layout
+    assert {"LBHNC/kernel-split", "LBNHC/kernel-split", "LBHNC/padded", "BLHNC/padded"} <= set(checked)
+    for case, r in checked.items():
+        assert r["stored"] == r["restored"] == 5, case
+        assert r["exact"] and r["same_as_pieces"] and r["nothing_else_written"], case
+        assert r["object_bytes"] == r["block_bytes"], case
+
+
 def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxied_pod: tuple[list[str], FaultProxy],
                                                         tiny_model: Path, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
@@ -275,7 +297,8 @@ def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxie
 
     reference = VllmProcess(tiny_model, tmp_path / "vllm-reference.log")
     a = VllmProcess(tiny_model, tmp_path / "vllm-a.log", connector)
-    b = VllmProcess(tiny_model, tmp_path / "vllm-b.log", connector)  # loads while A works
+    # B loads while A works, through the staging pool (host backend): the path a GPU cache takes, faults included.
+    b = VllmProcess(tiny_model, tmp_path / "vllm-b.log", {**connector, "staging": "host"})
     try:
         expected = reference.generate(request)["tokens"]
         reference.kill()

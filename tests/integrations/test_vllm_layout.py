@@ -89,6 +89,30 @@ def test_restore_scatters_each_block_object_into_the_paged_cache(pod: list[Node]
     assert not any(t[0].any() or t[3].any() or t[5].any() for t in target_caches.values())  # nothing else written
 
 
+def test_staged_restore_into_a_paged_cache_of_inference_tensors(pod: list[Node]) -> None:
+    """The staging path (a GPU cache's, here with the host backend): vLLM makes its caches under
+    torch.inference_mode(), and they take in-place writes only in inference mode, which is per thread."""
+    with torch.inference_mode():
+        source_caches = cpu_caches()
+        target_caches = {k: torch.zeros_like(v) for k, v in source_caches.items()}
+    source = PagedLayout.from_kv_caches(source_caches, BLOCKS)
+    target = PagedLayout.from_kv_caches(target_caches, BLOCKS)
+    bucket = "vllm-staged-" + secrets.token_hex(4)
+    keys = [f"ns/{i:064x}" for i in range(4)]
+    with ContextStore([n.endpoint for n in pod], access_key=ACCESS_KEY, secret_key=SECRET_KEY, staging="host",
+                      staging_bytes=4 * source.block_bytes) as store:  # one block per chunk: the pipeline wraps
+        store.create_bucket(bucket)
+        assert store.put_keys_staged(bucket, keys[:3], source.gather([0, 3, 5])).stored == 3
+        with torch.inference_mode():  # as in vLLM's worker, whose steps run in inference mode
+            into = target.target([2, 1, 4, 0])  # the fourth is absent
+        sizes = store.get_keys_staged(bucket, keys, into)
+    assert sizes == [target.block_bytes] * 3
+    for src, dst in zip([0, 3, 5], [2, 1, 4]):
+        for name in target_caches:
+            assert torch.equal(target_caches[name][dst], source_caches[name][src])
+    assert not any(t[0].any() or t[3].any() or t[5].any() for t in target_caches.values())  # nothing else written
+
+
 def space(**changes: object) -> KeySpace:
     fields: dict[str, object] = dict(model="m", revision="", kv_dtype="auto:bfloat16:scales=NONE",
                                      kv_layout="cpu:LBHNC", block_size=128, block_bytes=1 << 20,

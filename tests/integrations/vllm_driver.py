@@ -14,6 +14,14 @@ venv's python (scripts/_venv.sh ``ensure_vllm``); the test process itself never 
       "num_cached_tokens": n, "ttft_s": t, "metrics": {...}}``: greedy decoding; ``metrics`` are vLLM's Prometheus
       counters (its own ``external_prefix_cache_*`` and the connector's ``ctxstore_*``) after the request.
 
+``python vllm_driver.py layouts NODES BUCKET``
+    Every ``KVCacheLayout`` of vLLM (with kernel blocks that split a cache block, padded pages, MLA and fp8 KV),
+    as CPU caches made by vLLM's own ``create_kv_cache_views`` over flat buffers: blocks saved from one cache
+    and restored into other block ids of a second one, through the connector's layout code and the client's
+    staging pool (host backend, ``staging="host"``), the same calls ``wait_for_save`` and ``start_load_kv``
+    make. Prints ``REPORT {json}``: per case, whether the restored layers equal the saved ones bit for bit and
+    nothing else of the second buffer changed (or why vLLM itself refuses the combination).
+
 vLLM's own prefix cache is off, so every request asks the connector. The engine core runs in a process of its
 own (spawned: hence the ``__main__`` guard).
 """
@@ -106,6 +114,87 @@ def serve(args: argparse.Namespace) -> None:
              "wall_s": wall, "ttft_s": ttft, "metrics": metrics_snapshot(llm)})
 
 
+def layouts(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheTensor,
+        MLAAttentionSpec,
+        compute_layout_strides,
+        create_kv_cache_views,
+        group_kernel_blocks,
+    )
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    from ctxstore import ContextStore
+    from ctxstore.integrations.vllm.layout import PagedLayout
+    from ctxstore.staging import ready
+
+    n_layers, num_blocks, block_size = 3, 12, 16
+    cases: dict[str, Any] = {
+        "bf16": (FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=32, dtype=torch.bfloat16), None),
+        "kernel-split": (FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=32,
+                                           dtype=torch.bfloat16), block_size // 2),
+        "padded": (FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=32, dtype=torch.bfloat16,
+                                     page_size_padded=2 * 2 * 32 * 2 * block_size + 512), None),
+        "mla": (MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=96, dtype=torch.bfloat16), None),
+        "fp8": (FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=32,
+                                  dtype=torch.float8_e4m3fn), None),
+    }
+    report: dict[str, Any] = {}
+    with ContextStore(args.nodes, staging="host", staging_bytes=64 << 10, threads=2) as store:
+        store.create_bucket(args.bucket)
+        for layout in KVCacheLayout:
+            for name, (spec, kernel) in cases.items():
+                case = f"{layout.name}/{name}"
+                page = spec.page_size_bytes
+                bytes_per_block = page * n_layers
+                block_stride = bytes_per_block if layout.is_block_outermost else None
+                if block_stride is None and page != spec.real_page_size_bytes:
+                    if not layout.is_block_compact:
+                        report[case] = "vLLM refuses: cannot pad pages"
+                        continue
+                    block_stride = page
+                try:
+                    layer_stride, block_stride, *_ = compute_layout_strides(
+                        spec, num_blocks, n_layers, layout, fixed_strides=(None, block_stride, None, None, None))
+                    tensor = KVCacheTensor(size=bytes_per_block * num_blocks,
+                                           layers=[f"layer.{i}" for i in range(n_layers)],
+                                           layer_stride=layer_stride, block_stride=block_stride)
+                    gen = torch.Generator().manual_seed(len(report))
+                    source = torch.randint(-128, 128, (tensor.size,), dtype=torch.int8, generator=gen)
+                    views_a = create_kv_cache_views(source, spec, num_blocks, layout, tensor, kernel)
+                    dest = torch.zeros(tensor.size, dtype=torch.int8)
+                    views_b = create_kv_cache_views(dest, spec, num_blocks, layout, tensor, kernel)
+                except (ValueError, AssertionError) as exc:
+                    report[case] = f"vLLM refuses: {str(exc)[:120]}"
+                    continue
+                paged_a = PagedLayout.from_kv_caches(dict(zip(tensor.layers, views_a)), num_blocks)
+                paged_b = PagedLayout.from_kv_caches(dict(zip(tensor.layers, views_b)), num_blocks)
+                saved, restored = [1, 4, 5, 7, 10], [9, 0, 3, 11, 2]
+                keys = [f"{case}/{i}" for i in range(len(saved))]
+                put = store.put_keys_staged(args.bucket, keys, ready(paged_a.gather(saved)))
+                sizes = store.get_keys_staged(args.bucket, keys, ready(paged_b.target(restored)))
+
+                def layer_bytes(view: Any, block: int) -> bytes:  # a cache block's bytes (kernel blocks grouped)
+                    return bytes(group_kernel_blocks(view.view(torch.uint8), num_blocks)[block].contiguous()
+                                 .numpy().tobytes())
+
+                exact = all(layer_bytes(va, s) == layer_bytes(vb, r)
+                            for va, vb in zip(views_a, views_b) for s, r in zip(saved, restored))
+                # The same bytes as the host path's per-block pieces, and nothing else of the buffer written.
+                pieces = all(bytes(torch.cat([p.reshape(-1).view(torch.uint8) for p in paged_a.block_pieces(s)])
+                                   .numpy().tobytes()) == bytes(paged_a.gather([s])[0].numpy().tobytes())
+                             for s in saved)
+                for vb in views_b:  # clear what was restored: the rest of the buffer must still be zero
+                    for r in restored:
+                        group_kernel_blocks(vb.view(torch.uint8), num_blocks)[r].zero_()
+                report[case] = {"stored": put.stored, "restored": len(sizes), "exact": exact,
+                                "same_as_pieces": pieces, "nothing_else_written": bool((dest == 0).all().item()),
+                                "block_bytes": paged_a.block_bytes, "object_bytes": sizes[0] if sizes else 0}
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -126,10 +215,15 @@ def main() -> None:
     sv.add_argument("--dtype", default="float32")
     sv.add_argument("--max-model-len", type=int, default=4096)
     sv.add_argument("--max-batched-tokens", type=int, default=8192)
+    ly = sub.add_parser("layouts")
+    ly.add_argument("nodes")
+    ly.add_argument("bucket")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: vLLM-CPU's default is far larger
     if args.mode == "make-model":
         print("REPORT " + json.dumps(make_model(args)), flush=True)
+    elif args.mode == "layouts":
+        print("REPORT " + json.dumps(layouts(args)), flush=True)
     else:
         serve(args)
 

@@ -14,10 +14,13 @@ Scheduler side
 Worker side
     ``register_kv_caches`` learns the layout (:class:`.layout.PagedLayout`). ``start_load_kv`` fetches the step's
     blocks with one bulk ``get`` per node, each object scattered straight into the KV cache's pieces of its
-    block (:class:`ctxstore.buffers.Scatter`); every block that did not arrive whole and verified goes to
+    block (:class:`ctxstore.buffers.Scatter`) — or, for a cache on a GPU, through the client's staging pool
+    (pinned chunks, one copy per chunk, an ``index_copy_`` per layer on the device; :class:`.layout.PagedTarget`),
+    the load complete before the forward pass; every block that did not arrive whole and verified goes to
     ``get_block_ids_with_load_errors`` and vLLM recomputes it. ``wait_for_save`` copies the step's new blocks out
-    of the cache (one gather per layer) and sends them with bulk ``put`` in the background; ``request_finished``
-    keeps a request's blocks until its saves are acknowledged (``get_finished``).
+    of the cache (one gather per layer, on the cache's device) and sends them with bulk ``put`` in the
+    background (from a GPU through the staging pool); ``request_finished`` keeps a request's blocks until its
+    saves are acknowledged (``get_finished``).
 
 Failures never reach vLLM: every client call is bounded by the configured timeouts (plus a hard deadline, after
 which the call is cancelled and its connections closed, so nothing writes into the cache afterwards), and any
@@ -49,6 +52,7 @@ from vllm.logger import init_logger
 from ...buffers import Destinations, Scatter, byte_view
 from ...core import AsyncContextStore, Limits, Timeouts
 from ...errors import ConfigurationError
+from ...staging import ready
 from ...wire import ABSENT
 from .keys import KeySpace, hash_seed
 from .layout import PagedLayout
@@ -99,6 +103,10 @@ class ConnectorConfig:
     prefetch: bool = True  # after a lookup, ask nodes with a flash tier to bring the matched prefix into RAM
     save_decode: bool = True  # also save blocks filled by generated tokens
     max_pending_save_bytes: int = 1 << 30  # staged saves in flight beyond this are dropped (a future miss)
+    # The client's staging pool: GPU caches always go through it; "host" sends a CPU cache through it too (a
+    # diagnostic: the GPU path's every step, in host memory).
+    staging: str = "auto"
+    staging_bytes: int = 256 << 20
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> ConnectorConfig:
@@ -120,7 +128,8 @@ class _Client:
         self._thread = threading.Thread(target=self.loop.run_forever, name="ctxstore-vllm", daemon=True)
         self._thread.start()
         self.store = AsyncContextStore(config.nodes, access_key=config.access_key, secret_key=config.secret_key,
-                                       timeouts=config.timeouts(), limits=Limits())
+                                       timeouts=config.timeouts(), limits=Limits(), staging=config.staging,
+                                       staging_bytes=config.staging_bytes)
         self.deadline = config.call_timeout + 1.0  # the client's own per-call timeouts come first
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -220,6 +229,7 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._loads: list[_Transfer] = []
         # worker side
         self.layout: PagedLayout | None = None
+        self._staged = False  # loads and saves through the client's staging pool (a GPU cache)
         self._tp_rank, self._pp_rank = _ranks() if role == KVConnectorRole.WORKER else (0, 0)
         self._lock = threading.Lock()
         self._load_errors: set[int] = set()
@@ -435,8 +445,10 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         except Exception as exc:  # noqa: BLE001  (a node down now gets it when it comes back: see put_keys)
             log.warning("ctxstore: bucket %s not created everywhere: %s", self.config.bucket, exc)
         self.layout = layout
-        log.info("ctxstore: %d layers, %d blocks, %d KiB per block object (%s, %d pieces)", layout.num_layers,
-                 layout.num_blocks, layout.block_bytes >> 10, layout.describe(), layout.pieces_per_block)
+        self._staged = layout.device.type != "cpu" or self.config.staging == "host"
+        log.info("ctxstore: %d layers, %d blocks, %d KiB per block object (%s on %s, %d pieces%s)",
+                 layout.num_layers, layout.num_blocks, layout.block_bytes >> 10, layout.describe(), layout.device,
+                 layout.pieces_per_block, ", through the staging pool" if self._staged else "")
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._connector_metadata
@@ -456,14 +468,24 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         try:
             keys = [k for t in loads for k in self.keyspace.keys(
                 t.block_hashes, tp_rank=self._tp_rank, pp_rank=self._pp_rank, cache_salt=t.cache_salt)]
-            pieces = [Scatter(self.layout.block_pieces(b)) for b in block_ids]
-            views = self.client.run(self.client.store.get_keys(self.config.bucket, keys,
-                                                               Destinations(pieces, len(pieces))))
+            if self._staged:  # per request: its leading blocks that arrived whole and verified, copied by now
+                failed: list[int] = []
+                start = 0
+                for t in loads:
+                    ids, part = t.block_ids, keys[start:start + len(t.block_ids)]
+                    start += len(ids)
+                    sizes = self.client.run(self.client.store.get_keys_staged(
+                        self.config.bucket, part, ready(self.layout.target(ids))))
+                    failed += ids[len(sizes):]
+            else:
+                pieces = [Scatter(self.layout.block_pieces(b)) for b in block_ids]
+                views = self.client.run(self.client.store.get_keys(self.config.bucket, keys,
+                                                                   Destinations(pieces, len(pieces))))
+                failed = [b for b, v in zip(block_ids, views) if v is None or len(v) != self.layout.block_bytes]
         except Exception as exc:  # noqa: BLE001  (whatever happened, those blocks are recomputed)
             log.warning("ctxstore: load of %d blocks failed: %s", len(block_ids), exc)
             self._fail_loads(block_ids)
             return
-        failed = [b for b, v in zip(block_ids, views) if v is None or len(v) != self.layout.block_bytes]
         loaded = len(block_ids) - len(failed)
         self.stats.add("loaded_blocks", loaded)
         self.stats.add("loaded_bytes", loaded * self.layout.block_bytes)
@@ -507,14 +529,19 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 return
             self._pending_bytes += size
             self._pending_saves[transfer.req_id] = self._pending_saves.get(transfer.req_id, 0) + 1
-        # A copy now, while vLLM cannot reuse the blocks (the step is not over): the put may outlive them.
+        # A copy now, while vLLM cannot reuse the blocks (the step is not over): the put may outlive them. On a
+        # GPU the copy stays on the device (ordered after this step's kernels) and goes out through the pool.
         staged = layout.gather(transfer.block_ids)
         keys = self.keyspace.keys(transfer.block_hashes, tp_rank=self._tp_rank, pp_rank=self._pp_rank,
                                   cache_salt=transfer.cache_salt)
-        views = [byte_view(row) for row in staged]
         started = time.monotonic()
-        future = self.client.submit(self.client.store.put_keys(self.config.bucket, keys, views,
-                                                               ttl=self.config.ttl))
+        if self._staged:
+            future = self.client.submit(self.client.store.put_keys_staged(self.config.bucket, keys, ready(staged),
+                                                                          ttl=self.config.ttl))
+        else:
+            views = [byte_view(row) for row in staged]
+            future = self.client.submit(self.client.store.put_keys(self.config.bucket, keys, views,
+                                                                   ttl=self.config.ttl))
 
         def done(f: concurrent.futures.Future[Any]) -> None:
             try:
@@ -592,7 +619,8 @@ def _keyspace(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> KeySpa
     layout = (f"{current_platform.device_type}:{kv_cache_config.kv_cache_layout or 'default'}:"
               f"{type(spec).__name__}:heads={getattr(spec, 'num_kv_heads', '?')}:"
               f"head={getattr(spec, 'head_size', '?')}+{getattr(spec, 'head_size_v', '?')}:layers={n_layers}")
-    block_bytes = int(spec.page_size_bytes) * n_layers
+    # A padded page's padding is in neither the cache's per-layer views nor the objects.
+    block_bytes = int(getattr(spec, "real_page_size_bytes", spec.page_size_bytes)) * n_layers
     algo = str(cache.prefix_caching_hash_algo)
     hash_block = kv_cache_config.hash_block_size or cache.block_size
     if hash_block != cache.block_size:

@@ -6,21 +6,27 @@ K/V-split layout) it is cut into the fewest contiguous sub-tensors. The object f
 concatenation of every layer's pieces, in layer order: a restore scatters it straight into those pieces
 (:class:`ctxstore.buffers.Scatter`), a save gathers them.
 
-Layouts tested: vLLM's CPU attention backend, ``[num_blocks, kv_heads, block_size, 2 * head_dim]`` per layer
-(K and V packed per head; ``KVCacheLayout.LBHNC``), one contiguous piece per layer and block. The splitting
-also covers GPU layouts such as FlashAttention's ``[2, num_blocks, block_size, kv_heads, head_dim]`` (two pieces
-per layer); moving those bytes through host memory (a pinned bounce buffer and a device copy per block) is the
-part a GPU build would add, since the client reads into host memory only.
+Host caches are read into and out of directly (a :class:`ctxstore.buffers.Scatter` per block). Caches on a GPU
+(and host caches when staging is forced) go through the client's staging pool (:mod:`ctxstore.staging`) as a
+:class:`PagedTarget`: block-compact chunks copied to the device whole, then one ``index_copy_`` per layer into
+the cache (``index_select`` per layer for a save), so the bytes of an object are the same either way.
+
+vLLM 0.32 hands every backend's cache over as one ``[B, H, N, C]`` view per layer of a flat buffer, strided by
+the ``KVCacheLayout`` (``LBHNC``, ``LBNHC``, ``LHBNC``, ``BLHNC``, ``BLNHC``, ``BHLNC``), with kernel blocks that
+subdivide a cache block (grouped here as vLLM's ``group_kernel_blocks`` does) and padded pages (the padding is not
+in the view, nor in the object); ``tests/integrations/vllm_driver.py layouts`` checks them all with vLLM's own
+``create_kv_cache_views``. Older split layouts (FlashAttention's ``[2, num_blocks, ...]``) are cut into pieces.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["PagedLayout", "contiguous_pieces"]
+__all__ = ["PagedLayout", "PagedTarget", "contiguous_pieces"]
 
 
 def contiguous_pieces(t: torch.Tensor) -> list[torch.Tensor]:
@@ -55,11 +61,12 @@ class PagedLayout:
         if not kv_caches:
             raise ValueError("no KV cache tensors were registered")
         names, tensors, dims = [], [], []
+        devices = {t.device for t in kv_caches.values()}
+        if len(devices) > 1 or next(iter(devices)).type not in ("cpu", "cuda"):
+            raise NotImplementedError(f"KV caches on {sorted(map(str, devices))}: one CPU or CUDA device is supported")
         for name, t in kv_caches.items():
-            if t.device.type != "cpu":
-                raise NotImplementedError(f"KV cache on {t.device}: only host-memory caches are supported")
-            if t.shape[0] != num_blocks and t.shape[0] % num_blocks == 0 and t.is_contiguous():
-                t = t.unflatten(0, (num_blocks, -1))
+            if t.shape[0] > num_blocks and t.shape[0] % num_blocks == 0:
+                t = t.unflatten(0, (num_blocks, -1))  # kernel blocks: a view whatever the strides
             names.append(name)
             tensors.append(t)
             dims.append(_block_dim(t.shape, num_blocks))
@@ -69,6 +76,14 @@ class PagedLayout:
     @property
     def num_layers(self) -> int:
         return len(self.tensors)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors[0].device
+
+    def target(self, block_ids: Sequence[int]) -> PagedTarget:
+        """These blocks as a staging target: object ``i`` of a transfer is cache block ``block_ids[i]``."""
+        return PagedTarget(self, block_ids)
 
     @property
     def pieces_per_block(self) -> int:
@@ -91,8 +106,8 @@ class PagedLayout:
         """A copy of the blocks, ``[len(block_ids), block_bytes]`` uint8: what a save sends (one copy per layer)."""
         n = len(block_ids)
         if out is None:
-            out = torch.empty((n, self.block_bytes), dtype=torch.uint8)
-        index = torch.tensor(list(block_ids), dtype=torch.long)
+            out = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
+        index = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
         offset = 0
         for t, d in zip(self.tensors, self.block_dims):
             layer = t.index_select(d, index).movedim(d, 0)  # [n, ...] in block order
@@ -101,3 +116,54 @@ class PagedLayout:
             out[:, offset:offset + size].copy_(flat)
             offset += size
         return out
+
+
+class PagedTarget:
+    """Blocks of a paged cache as a :class:`ctxstore.staging.Target`: a chunk of objects lands in the device
+    staging buffer whole, then one ``index_copy_`` per layer puts every object's slice of that layer into its
+    block (a save: one ``index_select`` per layer into the buffer). Each layer is handled as bytes (its last
+    axis is contiguous in every vLLM layout), so fp8 and bf16 caches take the same path."""
+
+    exact = True  # an object of another size was not written in this layout: never copied
+
+    def __init__(self, layout: PagedLayout, block_ids: Sequence[int]) -> None:
+        for b in block_ids:
+            if not 0 <= b < layout.num_blocks:
+                raise IndexError(f"block {b} outside the cache's {layout.num_blocks} blocks")
+        self.layout = layout
+        self.block_ids = list(block_ids)
+        self.n_blocks = len(self.block_ids)
+        self.block_bytes = layout.block_bytes
+        self.device = layout.device
+        self.index = torch.tensor(self.block_ids, dtype=torch.long, device=self.device)
+        # Per layer: its bytes (uint8, block axis kept), the block axis, one block's shape in bytes, its size.
+        self._layers = []
+        for t, d in zip(layout.tensors, layout.block_dims):
+            raw = t.view(torch.uint8)
+            shape = tuple(raw.select(d, 0).shape)
+            self._layers.append((raw, d, shape, raw.select(d, 0).numel()))
+
+    def scatter(self, backend: Any, staging: Any, chunk: torch.Tensor, first: int, count: int, size: int) -> None:
+        buffer = staging()
+        backend.copy(buffer[:count * size], chunk[:count * size])
+        rows = buffer[:count * size].view(count, size)
+        index = self.index[first:first + count]
+        with backend.on_stream():
+            offset = 0
+            for raw, d, shape, n in self._layers:
+                raw.index_copy_(d, index, rows[:, offset:offset + n].view(count, *shape).movedim(0, d))
+                offset += n
+
+    def gather(self, backend: Any, staging: Any, chunk: torch.Tensor, first: int, count: int) -> None:
+        buffer = staging()
+        rows = buffer[:count * self.block_bytes].view(count, self.block_bytes)
+        index = self.index[first:first + count]
+        with backend.on_stream():
+            offset = 0
+            for raw, d, shape, n in self._layers:
+                rows[:, offset:offset + n].view(count, *shape).copy_(raw.index_select(d, index).movedim(d, 0))
+                offset += n
+        backend.copy(chunk[:count * self.block_bytes], buffer[:count * self.block_bytes])
+
+    def block(self, index: int, size: int) -> list[torch.Tensor]:
+        return self.layout.block_pieces(self.block_ids[index])
