@@ -174,6 +174,7 @@ class AsyncContextStore:
         self.staging = staging
         self.staging_bytes = staging_bytes
         self._stagers: dict[tuple[str, int | None], staging_module.Stager] = {}
+        self._stagers_pid = os.getpid()
 
     @property
     def pod(self) -> Pod:
@@ -556,6 +557,8 @@ class AsyncContextStore:
     def _stager(self, device: Any) -> staging_module.Stager:
         """The staging pool of a device (made at first use: host chunks are allocated then, once)."""
         key = (device.type, device.index)
+        if self._stagers_pid != os.getpid():  # a forked child: the parent's copy threads and streams are not here
+            self._stagers, self._stagers_pid = {}, os.getpid()
         stager = self._stagers.get(key)
         if stager is None:
             chunks = STAGING_CHUNKS
@@ -571,6 +574,10 @@ class AsyncContextStore:
         if self._pod is not None and self._pid == os.getpid():  # a forked child leaves the parent's pod alone
             self._pod.close()
         self._lanes.close()
+        if self._stagers_pid == os.getpid():
+            for stager in self._stagers.values():
+                stager.backend.close()
+            self._stagers.clear()
 
     async def __aenter__(self) -> AsyncContextStore:
         return self

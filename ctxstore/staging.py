@@ -26,9 +26,8 @@ through it). torch is imported only when a tensor is staged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import concurrent.futures
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -59,9 +58,10 @@ def wants_staging(obj: Any, mode: str) -> bool:
 
 
 class CopyBackend(Protocol):
-    """What the stager needs of a device. Copies are enqueued on the backend's copy stream, in order, in
-    inference mode: engines make their KV caches as inference tensors (vLLM does), which take in-place writes
-    only there, and inference mode is per thread (the client's loop thread is not the engine's)."""
+    """What the stager needs of a device: work queued in order on the backend's *copy stream* (copies, and a
+    target's own device work through :meth:`submit`), events that mark a point in that queue, and waiting for
+    one. Device work runs in inference mode: engines make their KV caches as inference tensors (vLLM does),
+    which take in-place writes only there, and inference mode is per thread."""
 
     device: Any
 
@@ -69,9 +69,7 @@ class CopyBackend(Protocol):
 
     def device_buffer(self, nbytes: int) -> Any: ...
 
-    def copy(self, dst: Any, src: Any) -> None: ...
-
-    def scatter(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None: ...
+    def submit(self, work: Callable[[], None]) -> None: ...
 
     def after(self, event: Any) -> None: ...
 
@@ -79,17 +77,32 @@ class CopyBackend(Protocol):
 
     def wait(self, event: Any) -> None: ...
 
-    def on_stream(self) -> AbstractContextManager[Any]: ...
+    def close(self) -> None: ...
+
+
+def copy(backend: CopyBackend, dst: Any, src: Any) -> None:
+    """Queue ``dst.copy_(src)`` on the backend's copy stream."""
+    backend.submit(lambda: dst.copy_(src, non_blocking=True))
+
+
+def scatter(backend: CopyBackend, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
+    """Queue one copy per pair (one batched op, not one launch each)."""
+    import torch
+
+    backend.submit(lambda: torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True))
 
 
 class HostBackend:
-    """The stager's steps in plain host memory: copies run at once, events are nothing to wait for."""
+    """The stager's steps in plain host memory. Its copy stream is one worker thread, so copies overlap the
+    receives of the next chunk as a GPU's copy engine does; events are futures in that queue."""
 
     def __init__(self) -> None:
         import torch
 
         self.torch: Any = torch
         self.device = torch.device("cpu")
+        self._stream = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ctxstore-copy")
+        self._failure: BaseException | None = None
 
     def host_buffer(self, nbytes: int) -> Any:
         return self.torch.empty(nbytes, dtype=self.torch.uint8)  # no pin_memory: CPU-only torch refuses it
@@ -97,25 +110,33 @@ class HostBackend:
     def device_buffer(self, nbytes: int) -> Any:
         return self.torch.empty(nbytes, dtype=self.torch.uint8)
 
-    def copy(self, dst: Any, src: Any) -> None:
-        with self.torch.inference_mode():
-            dst.copy_(src)
+    def submit(self, work: Callable[[], None]) -> None:
+        def run() -> None:
+            if self._failure is not None:
+                return  # the queue failed: what follows in it is not done (wait() raises)
+            try:
+                with self.torch.inference_mode():
+                    work()
+            except BaseException as exc:  # noqa: BLE001  (raised by the next wait)
+                self._failure = exc
 
-    def scatter(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
-        with self.torch.inference_mode():
-            self.torch._foreach_copy_(list(dsts), list(srcs))
+        self._stream.submit(run)
 
     def after(self, event: Any) -> None:
         pass
 
     def record(self) -> Any:
-        return None
+        return self._stream.submit(lambda: None)
 
     def wait(self, event: Any) -> None:
-        pass
+        if event is not None:
+            event.result()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
-    def on_stream(self) -> AbstractContextManager[Any]:
-        return self.torch.inference_mode()  # type: ignore[no-any-return]
+    def close(self) -> None:
+        self._stream.shutdown(wait=True)
 
 
 class CudaBackend:
@@ -124,7 +145,7 @@ class CudaBackend:
     def __init__(self, device: Any) -> None:
         import torch
 
-        self.torch: Any = torch  # untyped calls (Stream, Event) go through Any
+        self.torch: Any = torch
         self.device = torch.device(device)
         self.stream = self.torch.cuda.Stream(device=self.device)
 
@@ -135,13 +156,9 @@ class CudaBackend:
         with self.torch.cuda.stream(self.stream):  # allocated for, and used only on, the copy stream
             return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
 
-    def copy(self, dst: Any, src: Any) -> None:
+    def submit(self, work: Callable[[], None]) -> None:
         with self.torch.cuda.stream(self.stream), self.torch.inference_mode():
-            dst.copy_(src, non_blocking=True)
-
-    def scatter(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
-        with self.torch.cuda.stream(self.stream), self.torch.inference_mode():
-            self.torch._foreach_copy_(list(dsts), list(srcs), non_blocking=True)
+            work()  # kernels and copies are queued on the copy stream; this returns at once
 
     def after(self, event: Any) -> None:
         if event is not None:
@@ -156,12 +173,8 @@ class CudaBackend:
         if event is not None:
             event.synchronize()
 
-    def on_stream(self) -> AbstractContextManager[Any]:
-        """Device work a target does itself (index copies into a paged cache) goes on the copy stream."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(self.torch.cuda.stream(self.stream))
-        stack.enter_context(self.torch.inference_mode())
-        return stack
+    def close(self) -> None:
+        pass
 
 
 def backend_for(device: Any) -> CopyBackend:
@@ -242,16 +255,16 @@ class FlatTarget:
                 size: int) -> None:
         slot = self.block_bytes
         if size == slot:  # slots end to end, as the chunk holds them: one copy, no staging buffer
-            backend.copy(self.flat[first * slot:(first + count) * slot], chunk[:count * slot])
+            copy(backend, self.flat[first * slot:(first + count) * slot], chunk[:count * slot])
             return
         buffer = staging()
-        backend.copy(buffer[:count * size], chunk[:count * size])
+        copy(backend, buffer[:count * size], chunk[:count * size])
         rows = self.flat[:self.n_blocks * slot].view(self.n_blocks, slot)
-        backend.copy(rows[first:first + count, :size], buffer[:count * size].view(count, size))
+        copy(backend, rows[first:first + count, :size], buffer[:count * size].view(count, size))
 
     def gather(self, backend: CopyBackend, staging: Callable[[], Any], chunk: Any, first: int, count: int) -> None:
         slot = self.block_bytes
-        backend.copy(chunk[:count * slot], self.flat[first * slot:(first + count) * slot])
+        copy(backend, chunk[:count * slot], self.flat[first * slot:(first + count) * slot])
 
     def block(self, index: int, size: int) -> Any:
         return self.flat[index * self.block_bytes:index * self.block_bytes + size]
@@ -275,16 +288,16 @@ class BlockTensors:
     def scatter(self, backend: CopyBackend, staging: Callable[[], Any], chunk: Any, first: int, count: int,
                 size: int) -> None:
         buffer = staging()
-        backend.copy(buffer[:count * size], chunk[:count * size])
-        backend.scatter([self.flats[first + i][:size] for i in range(count)],
+        copy(backend, buffer[:count * size], chunk[:count * size])
+        scatter(backend, [self.flats[first + i][:size] for i in range(count)],
                         [buffer[i * size:(i + 1) * size] for i in range(count)])
 
     def gather(self, backend: CopyBackend, staging: Callable[[], Any], chunk: Any, first: int, count: int) -> None:
         size = len(self.flats[first])
         buffer = staging()
-        backend.scatter([buffer[i * size:(i + 1) * size] for i in range(count)],
+        scatter(backend, [buffer[i * size:(i + 1) * size] for i in range(count)],
                         self.flats[first:first + count])
-        backend.copy(chunk[:count * size], buffer[:count * size])
+        copy(backend, chunk[:count * size], buffer[:count * size])
 
     def block(self, index: int, size: int) -> Any:
         return self.flats[index][:size]

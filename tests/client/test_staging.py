@@ -90,6 +90,9 @@ def test_a_staged_save_and_restore_round_trip_bit_exact_through_a_pool_smaller_t
         wide = torch.zeros(n, size + 128, dtype=torch.uint8)  # slots larger than the blocks
         assert ns.restore(tokens, out=wide).n_blocks == n
         assert torch.equal(wide[:, :size], blocks) and not wide[:, size:].any()
+        copier = [t for t in threading.enumerate() if t.name.startswith("ctxstore-copy")]
+        assert copier  # the host backend's copy stream
+    assert not any(t.is_alive() for t in copier)  # close() stopped it
 
 
 def test_a_hole_ends_the_staged_prefix_and_nothing_after_it_is_copied(node: Node) -> None:

@@ -145,25 +145,32 @@ class PagedTarget:
 
     def scatter(self, backend: Any, staging: Any, chunk: torch.Tensor, first: int, count: int, size: int) -> None:
         buffer = staging()
-        backend.copy(buffer[:count * size], chunk[:count * size])
         rows = buffer[:count * size].view(count, size)
         index = self.index[first:first + count]
-        with backend.on_stream():
+
+        def into_cache() -> None:
+            buffer[:count * size].copy_(chunk[:count * size], non_blocking=True)
             offset = 0
             for raw, d, shape, n in self._layers:
                 raw.index_copy_(d, index, rows[:, offset:offset + n].view(count, *shape).movedim(0, d))
                 offset += n
 
+        backend.submit(into_cache)
+
     def gather(self, backend: Any, staging: Any, chunk: torch.Tensor, first: int, count: int) -> None:
         buffer = staging()
-        rows = buffer[:count * self.block_bytes].view(count, self.block_bytes)
+        nbytes = count * self.block_bytes
+        rows = buffer[:nbytes].view(count, self.block_bytes)
         index = self.index[first:first + count]
-        with backend.on_stream():
+
+        def out_of_cache() -> None:
             offset = 0
             for raw, d, shape, n in self._layers:
                 rows[:, offset:offset + n].view(count, *shape).copy_(raw.index_select(d, index).movedim(d, 0))
                 offset += n
-        backend.copy(chunk[:count * self.block_bytes], buffer[:count * self.block_bytes])
+            chunk[:nbytes].copy_(buffer[:nbytes], non_blocking=True)
+
+        backend.submit(out_of_cache)
 
     def block(self, index: int, size: int) -> list[torch.Tensor]:
         return self.layout.block_pieces(self.block_ids[index])
