@@ -184,6 +184,21 @@ def wait_port(procs: Processes, proc: subprocess.Popen[bytes], port: int, timeou
     raise RuntimeError(f"nothing listens on port {port} after {timeout:g} s")
 
 
+def shard_pids(parent: int, n: int, timeout: float = 20) -> list[int]:
+    """The PIDs of the ``n`` shard processes of a ``ctxstore serve --workers n`` node (its children)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{parent}/task/{parent}/children") as f:
+                pids = [int(p) for p in f.read().split()]
+        except OSError:
+            pids = []
+        if len(pids) == n:
+            return pids
+        time.sleep(0.1)
+    raise RuntimeError(f"the node did not start {n} shards")
+
+
 # ---------------------------------------------------------------------------- the run's context
 
 

@@ -54,6 +54,7 @@ from _common import (
     paired_ratio,
     pyplot,
     save_figure,
+    shard_pids,
     source_commit,
     source_state,
     stats,
@@ -172,22 +173,6 @@ class Variant:
         return answer[0] == "ok", float(answer[1]), float(answer[2])
 
 
-def shard_pids(parent: int, n: int, timeout: float = 20) -> list[int]:
-    if n == 1:
-        return [parent]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                pids = [int(p) for p in f.read().split()]
-        except OSError:
-            pids = []
-        if len(pids) == n:
-            return pids
-        time.sleep(0.1)
-    raise RuntimeError(f"the node did not start {n} shards")
-
-
 def run(args: argparse.Namespace, variants: list[Variant]) -> list[str]:
     cores = os.cpu_count() or 1
     workers = args.workers
@@ -210,7 +195,7 @@ def run(args: argparse.Namespace, variants: list[Variant]) -> list[str]:
                            core=node_cores)
         for i in range(workers):
             wait_ctxstore(procs, node, port + i)
-        pids = shard_pids(node.pid, workers)
+        pids = shard_pids(node.pid, workers) if workers > 1 else [node.pid]  # --workers 1: the node itself
         nodes = f"127.0.0.1:{port}-{port + workers - 1}"
 
         from ctxstore import ContextStore
@@ -343,7 +328,8 @@ def main() -> int:
               f"other work just before: {busy}", f"Python {sys.version.split()[0]}, {state}; {layout[0]}"]
     report(variants, args.big, header)
     plot(variants, args.big, args.plot,
-         f"benchmarks/receive_scaling.py, {today()}, {state}, {os.cpu_count()} CPUs, load {load0[0]:.1f}→{load1[0]:.1f}")
+         f"benchmarks/receive_scaling.py, {today()}, {state}, {os.cpu_count()} CPUs, "
+         f"load {load0[0]:.1f}→{load1[0]:.1f}")
     return 0
 
 

@@ -54,6 +54,7 @@ from _common import (
     free_port,
     pyplot,
     save_figure,
+    shard_pids,
     source_state,
     stats,
     today,
@@ -111,20 +112,6 @@ def client_main(nodes: str, seed: int) -> int:
 
 
 # ---------------------------------------------------------------------------- the node and its clients
-
-
-def shard_pids(parent: int, n: int, timeout: float = 20) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{parent}/task/{parent}/children") as f:
-                pids = [int(p) for p in f.read().split()]
-        except OSError:
-            pids = []
-        if len(pids) == n:
-            return pids
-        time.sleep(0.1)
-    raise RuntimeError(f"the node did not start {n} shards")
 
 
 @dataclass

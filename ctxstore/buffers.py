@@ -29,7 +29,8 @@ def byte_view(obj: Any, *, writable: bool = False) -> memoryview:
 
 def _torch_to_numpy(tensor: Any) -> Any:
     if tensor.device.type != "cpu":
-        raise ConfigurationError("restore into GPU tensors is not supported: pass a (pinned) CPU tensor and copy")
+        raise ConfigurationError(f"a tensor on {tensor.device} has no host buffer: tensors on a GPU go through the "
+                                 "staging pool (Namespace.restore/save, get_keys_staged/put_keys_staged)")
     if not tensor.is_contiguous():
         raise ConfigurationError("tensors must be contiguous")
     import torch  # only reached when the caller already uses torch

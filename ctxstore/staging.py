@@ -290,13 +290,12 @@ class BlockTensors:
         buffer = staging()
         copy(backend, buffer[:count * size], chunk[:count * size])
         scatter(backend, [self.flats[first + i][:size] for i in range(count)],
-                        [buffer[i * size:(i + 1) * size] for i in range(count)])
+                [buffer[i * size:(i + 1) * size] for i in range(count)])
 
     def gather(self, backend: CopyBackend, staging: Callable[[], Any], chunk: Any, first: int, count: int) -> None:
         size = len(self.flats[first])
         buffer = staging()
-        scatter(backend, [buffer[i * size:(i + 1) * size] for i in range(count)],
-                        self.flats[first:first + count])
+        scatter(backend, [buffer[i * size:(i + 1) * size] for i in range(count)], self.flats[first:first + count])
         copy(backend, chunk[:count * size], buffer[:count * size])
 
     def block(self, index: int, size: int) -> Any:

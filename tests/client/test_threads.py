@@ -12,7 +12,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from support.faultproxy import FaultProxy, Rule, flip, hang
-from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port, serving, start_node, wait_ready
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port_run, serving, start_node, wait_ready
 from ctxstore import AsyncContextStore, ConfigurationError, ContextStore, Namespace, Timeouts
 from ctxstore.buffers import Destinations
 from ctxstore.lanes import default_threads
@@ -58,24 +57,6 @@ def namespace(store: ContextStore, bucket: str | None = None, create: bool = Tru
 
 def lane_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("ctxstore-")}
-
-
-def free_port_run(n: int) -> int:
-    for _ in range(50):
-        first = free_port()
-        socks = []
-        try:
-            for port in range(first, first + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")
 
 
 # ---------------------------------------------------------------------------- the prefix rule over parts

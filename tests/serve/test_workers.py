@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port, make_client, wait_ready
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port_run, make_client, wait_ready
 from support.probes import ADMIN_TOKEN, Admin, wait_until
 
 from ctxstore import ContextStore, Timeouts
@@ -27,30 +27,9 @@ from ctxstore_server.settings import Settings
 MiB = 1 << 20
 
 
-def free_ports(n: int) -> int:
-    """A first port with the n - 1 after it free as well (as far as anyone can tell before binding)."""
-    for _ in range(50):
-        first = free_port()
-        if first + n > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(first, first + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no run of free ports")
-
-
 def start_workers(tmp: Path, n: int, *args: str, env: dict[str, str] | None = None,
                   credentials: bool = True) -> Node:
-    port = free_ports(n)
+    port = free_port_run(n)
     log = tmp / f"workers-{port}.log"
     full_env = {**os.environ, "CTXSTORE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})}
     if credentials:

@@ -36,6 +36,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_run(n: int) -> int:
+    """A first port with the n - 1 after it free as well (as far as anyone can tell before binding): for a
+    ``--workers n`` node, whose shards take consecutive ports."""
+    for _ in range(50):
+        first = free_port()
+        if first + n > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", port))
+                socks.append(s)
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of free ports")
+
+
 @dataclass
 class Node:
     """A running ctxstore process (remembered in STARTED)."""
