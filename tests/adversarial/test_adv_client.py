@@ -81,10 +81,11 @@ def big(node: Node) -> Dataset:
 
 
 def run_worker(proxy: FaultProxy, data: Dataset, *, repeat: int, loop: str = "default", strict: bool = False,
-               out: str = "slots") -> dict[str, object]:
+               out: str = "slots", threads: int = 1) -> dict[str, object]:
     config = {"nodes": [proxy.address], "access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "bucket": data.bucket,
               "model": "m", "block_size": BS, "tokens": data.tokens, "expected": data.expected, "repeat": repeat,
-              "strict": strict, "out": out, "slot": len(data.blocks[0]), "loop": loop, "timeouts": list(TIMEOUTS)}
+              "strict": strict, "out": out, "slot": len(data.blocks[0]), "loop": loop, "timeouts": list(TIMEOUTS),
+              "threads": threads}
     proc = subprocess.run([sys.executable, str(WORKER), json.dumps(config)], capture_output=True, text=True,
                           timeout=120 + repeat * (TIMEOUTS[2] + 1), check=False)
     assert proc.returncode == 0, f"the worker died with status {proc.returncode}:\n{proc.stderr[-3000:]}"
@@ -177,13 +178,15 @@ def bit_sweep_rules(n_bits: int, seed_label: str, n_random: int) -> list[Rule]:
     return rules
 
 
-@pytest.mark.parametrize("loop", LOOPS, ids=["uvloop", "asyncio"])
-def test_bit_flips_in_get_answers_are_counted_misses(node: Node, four: Dataset, loop: str) -> None:
+@pytest.mark.parametrize("loop, threads", [(LOOPS[0], 1), (LOOPS[1], 1), (LOOPS[0], 3)],
+                         ids=["uvloop", "asyncio", "uvloop-3-threads"])
+def test_bit_flips_in_get_answers_are_counted_misses(node: Node, four: Dataset, loop: str, threads: int) -> None:
     """Flipping each of the first 140 bits of a ``get`` answer gave 6 AssertionErrors and 11
-    ConfigurationErrors; flips anywhere else must not do worse. No flip may yield a wrong block."""
-    rules = bit_sweep_rules(140, f"sweep-{loop}", scaled(40, 2000))
+    ConfigurationErrors; flips anywhere else must not do worse. No flip may yield a wrong block. With 3 threads
+    every restore is 3 gets, received on 3 event loops."""
+    rules = bit_sweep_rules(140, f"sweep-{loop}-{threads}", scaled(40, 2000))
     with FaultProxy(("127.0.0.1", node.port), rules, seed=7) as proxy:
-        report = run_worker(proxy, four, repeat=len(rules), loop=loop)
+        report = run_worker(proxy, four, repeat=len(rules), loop=loop, threads=threads)
         assert len(proxy.faults_applied("flip")) >= len(rules)
     assert_survived(report)
 
@@ -209,14 +212,16 @@ def structural() -> list[Rule]:
     return rules
 
 
-@pytest.mark.parametrize("loop, strict", [("default", False), ("asyncio", False), ("asyncio", True)],
-                         ids=["uvloop-lenient", "asyncio-lenient", "asyncio-strict"])
-def test_cut_stalled_and_garbage_answers(node: Node, four: Dataset, loop: str, strict: bool) -> None:
+@pytest.mark.parametrize("loop, strict, threads", [("default", False, 1), ("asyncio", False, 1), ("asyncio", True, 1),
+                                                   ("default", False, 3)],
+                         ids=["uvloop-lenient", "asyncio-lenient", "asyncio-strict", "uvloop-lenient-3-threads"])
+def test_cut_stalled_and_garbage_answers(node: Node, four: Dataset, loop: str, strict: bool, threads: int) -> None:
     """Truncated, hung, padded, garbage, reset and late answers, one per request: misses within the
-    deadline (lenient), or the client's typed errors (strict)."""
+    deadline (lenient), or the client's typed errors (strict). With 3 threads each restore is 3 requests on 3
+    event loops, so the faults come 3 to a restore."""
     rules = structural()
     with FaultProxy(("127.0.0.1", node.port), rules, seed=3) as proxy:
-        report = run_worker(proxy, four, repeat=len(rules) + 1, loop=loop, strict=strict)
+        report = run_worker(proxy, four, repeat=len(rules) + 1, loop=loop, strict=strict, threads=threads)
     assert_survived(report, strict=strict)
     results = report["results"]
     assert isinstance(results, list)

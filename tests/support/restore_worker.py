@@ -17,7 +17,8 @@ sends request ``i``. It prints one JSON line:
 Config keys: ``nodes``, ``access_key``, ``secret_key``, ``bucket``, ``model``, ``block_size``, ``tokens``,
 ``expected`` (hex XXH3-128 of each block, in order), ``repeat``, ``strict``, ``out`` (``"slots"``: one buffer
 of ``slot`` bytes per block; ``"list"``: one ``slot``-byte buffer per block; ``"none"``: the client
-allocates), ``slot``, ``loop``, ``timeouts`` ([connect, read, total]).
+allocates), ``slot``, ``loop``, ``timeouts`` ([connect, read, total]), ``threads`` (the client's; above 1 even
+these tests' few-KiB calls are cut into parts, one per thread).
 """
 
 from __future__ import annotations
@@ -36,12 +37,16 @@ FAILURE_COUNTERS = ("errors", "checksum_failures", "skipped_down_node_keys", "ov
 
 def main() -> int:
     config = json.loads(sys.argv[1])
+    import ctxstore.core
     from ctxstore import AsyncContextStore, ContextStore, ContextStoreError, Timeouts
 
     connect, read, total = config.get("timeouts", [0.5, 1.0, 3.0])
     options: dict[str, Any] = {"access_key": config["access_key"], "secret_key": config["secret_key"],
                                "timeouts": Timeouts(connect=connect, read=read, total=total),
-                               "strict": config.get("strict", False), "probe_interval": 0.05}
+                               "strict": config.get("strict", False), "probe_interval": 0.05,
+                               "threads": config.get("threads", 1)}
+    if options["threads"] > 1:  # parts of a few KiB, so that the answers' faults land on every thread
+        ctxstore.core.MIN_PART_BYTES = ctxstore.core.MIN_PART_KEYS = 1
     tokens: list[int] = config["tokens"]
     expected: list[str] = config["expected"]
     n = len(expected)
