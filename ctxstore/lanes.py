@@ -182,21 +182,36 @@ class Lanes:
             if not ended.done():
                 ended.set_result(task)
 
+        def failed(exc: BaseException) -> None:
+            if not ended.done():
+                ended.set_exception(exc)
+
         def begin() -> None:
-            pool = pools.get((host, port))
-            if pool is None:
-                pool = pools[(host, port)] = Pool(host, port, **self._pool_args)  # type: ignore[arg-type]
-            task = lane_loop.create_task(pool.request(head, body, factory))
+            try:
+                pool = pools.get((host, port))
+                if pool is None:
+                    pool = pools[(host, port)] = Pool(host, port, **self._pool_args)  # type: ignore[arg-type]
+                task = lane_loop.create_task(pool.request(head, body, factory))
+            except BaseException as exc:  # noqa: BLE001  (the caller must hear of it, never wait for good)
+                _call_soon(caller, failed, exc)
+                return
             box.append(task)
             task.add_done_callback(lambda t: _call_soon(caller, deliver, t))
 
-        lane_loop.call_soon_threadsafe(begin)
+        try:
+            lane_loop.call_soon_threadsafe(begin)
+        except RuntimeError:  # the lane's loop was closed meanwhile
+            raise NodeUnavailable(f"{host}:{port}", "the client is closed") from None
         try:
             task = await asyncio.shield(ended)
         except asyncio.CancelledError:
-            # begin() runs before this (one FIFO of callbacks per loop), so the task exists by then.
-            lane_loop.call_soon_threadsafe(lambda: box[0].cancel())
+            # begin() runs before this (one FIFO of callbacks per loop), so the task exists by then, if any.
+            lane_loop.call_soon_threadsafe(lambda: box and box[0].cancel())
             await _wait_uncancelled(ended)
+            if ended.done() and not ended.cancelled() and ended.exception() is None:
+                finished = ended.result()
+                if not finished.cancelled():
+                    finished.exception()  # looked at: a failure nobody waits for any more is not an error
             raise
         if task.cancelled():  # cancelled on its lane without the caller asking: the client was closed
             raise NodeUnavailable(f"{host}:{port}", "the client was closed during the call")
@@ -239,3 +254,5 @@ async def _wait_uncancelled(future: asyncio.Future[Any]) -> None:
             await asyncio.shield(future)
         except asyncio.CancelledError:
             continue
+        except Exception:  # noqa: BLE001  (how it ended is not this waiter's business)
+            return
