@@ -271,30 +271,29 @@ class KVNamespace:
         ``tokens`` may run past the cache (e.g. the last sampled token, not yet fed back) or stop before its
         end; a trailing partial block is never saved. Blocks the pod already holds are skipped by the pod."""
         tokens, blocks = self._blocks(tokens, cache, batch_index)
-        return self.ns.save(tokens, blocks, ttl) if blocks else SaveResult()
+        return self.ns.save(tokens, blocks, ttl) if len(blocks) else SaveResult()
 
     def park(self, tokens: Any, cache: Any, *, ttl: float, pin: float, batch_index: int = 0) -> SaveResult:
         """:meth:`save` with a long ``ttl``, and pin the blocks for ``pin`` seconds: a session waiting on a
         tool call. Blocks the pod already held (a shared prompt saved earlier) get the longer TTL too (a pin
         protects from eviction, not from expiry). Any worker resumes the session with :meth:`restore`."""
         tokens, blocks = self._blocks(tokens, cache, batch_index)
-        if not blocks:
+        if not len(blocks):
             return SaveResult()
         result = self.ns.park(tokens, blocks, ttl=ttl, pin=pin)
         if result.existed:
             self.ns.touch(tokens, ttl)  # extends, never shortens
         return result
 
-    def _blocks(self, tokens: Any, cache: Any, batch_index: int) -> tuple[list[int], list[torch.Tensor]]:
-        """The tokens of the full blocks that ``cache`` holds, and those blocks (one tensor each)."""
+    def _blocks(self, tokens: Any, cache: Any, batch_index: int) -> tuple[list[int], Any]:
+        """The tokens of the full blocks that ``cache`` holds, and those blocks: one tensor, a block per row, on
+        the cache's device (from a GPU the client stages it to the host a chunk at a time)."""
         tokens = _token_list(tokens)
         n_blocks = min(len(tokens), _seq_length(cache, cache_tensors(cache))) // self.block_size
         if n_blocks == 0:
-            return [], []
-        packed = self.layout.pack(cache, n_blocks, batch_index=batch_index)  # on the cache's device
-        if packed.device.type != "cpu":  # one tensor: the client stages it to the host a chunk at a time
-            return tokens[:n_blocks * self.block_size], packed.view(n_blocks, -1)  # type: ignore[return-value]
-        return tokens[:n_blocks * self.block_size], list(packed.view(n_blocks, -1))
+            return [], torch.empty((0, self.layout.block_bytes), dtype=torch.uint8)
+        packed = self.layout.pack(cache, n_blocks, batch_index=batch_index)
+        return tokens[:n_blocks * self.block_size], packed.view(n_blocks, -1)
 
     def restore(self, tokens: Any, *, max_tokens: int | None = None, out: torch.Tensor | None = None,
                 pin: float = 0.0, device: torch.device | str | None = None) -> RestoredCache:
