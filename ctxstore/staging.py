@@ -373,14 +373,16 @@ Fetch = Callable[[int, int, Any, int], Awaitable[list[int | None]]]
 Send = Callable[[int, int, Any, int], Awaitable[Any]]
 
 
-async def restore(stager: Stager, target: Target, event: Any, fetch: Fetch, *, depth: int = 2) -> list[int]:
+async def restore(stager: Stager, target: Target, event: Any, fetch: Fetch, *, depth: int | None = None) -> list[int]:
     """The sizes of the leading blocks that arrived whole and verified, each now in ``target``. Chunk after
-    chunk: receive into a host chunk (``depth`` chunks are received at once), then one copy to the device (and a
+    chunk: receive into a host chunk (``depth`` chunks are received at once, by default all but one of the pool's),
+    then one copy to the device (and a
     device-side scatter) on the copy stream, while the next chunks are received. Returns once every copy made
     has completed, and once no receive is left running."""
     backend = stager.backend
     backend.after(event)
     per_chunk = stager.blocks_per_chunk(target.block_bytes)
+    depth = depth or max(1, stager.chunks - 1)
     loop = asyncio.get_running_loop()
 
     async def receive(first: int) -> tuple[_Chunk, list[int | None]]:

@@ -106,7 +106,7 @@ class ConnectorConfig:
     # The client's staging pool: GPU caches always go through it; "host" sends a CPU cache through it too (a
     # diagnostic: the GPU path's every step, in host memory).
     staging: str = "auto"
-    staging_bytes: int = 256 << 20
+    staging_bytes: int = 1 << 30
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> ConnectorConfig:
