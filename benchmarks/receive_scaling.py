@@ -180,7 +180,11 @@ def run(args: argparse.Namespace, variants: list[Variant]) -> list[str]:
     client_cores = f"{workers}-{cores - 1}" if cores > workers else f"0-{cores - 1}"
     procs = Processes()
     tag = f"ctxstore-rs-{os.getpid()}"
-    source_path, arena_path = SHM / f"{tag}-source", SHM / f"{tag}-arena"
+    room = os.statvfs(SHM) if SHM.is_dir() else None
+    folder = SHM if room is not None and room.f_bavail * room.f_frsize > 2 * args.big + (1 << 30) else Path("/tmp")
+    if folder != SHM:  # a container's /dev/shm is often 64 MB: file-backed maps then, in the page cache
+        print(f"# {SHM} has too little room: the shared blocks live in {folder}", file=sys.stderr)
+    source_path, arena_path = folder / f"{tag}-source", folder / f"{tag}-arena"
     try:
         for path in (source_path, arena_path):
             with open(path, "wb") as f:
