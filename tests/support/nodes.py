@@ -46,9 +46,8 @@ def free_port_run(n: int) -> int:
         socks = []
         try:
             for port in range(first, first + n):
-                s = socket.socket()
+                socks.append(s := socket.socket())  # closed below even when its bind fails
                 s.bind(("127.0.0.1", port))
-                socks.append(s)
             return first
         except OSError:
             continue
