@@ -45,7 +45,7 @@ T = TypeVar("T")
 #: (or keys, when the sizes are not known before the answer): a small restore stays one request on one thread.
 MIN_PART_BYTES = 1 << 20
 MIN_PART_KEYS = 16
-#: A device's staging pool is this many host chunks: one being received, one being copied, two to spare.
+#: A device's staging pool is this many host chunks: all but one being received at a time, one being copied.
 STAGING_CHUNKS = 4
 
 
@@ -176,17 +176,21 @@ class AsyncContextStore:
         self.staging = staging
         self.staging_bytes = staging_bytes
         self._stagers: dict[tuple[str, int | None], staging_module.Stager] = {}
-        self._stagers_pid = os.getpid()
 
     @property
     def pod(self) -> Pod:
-        # Created lazily: its pools and probes belong to the event loop that first uses them. A forked child
-        # starts a pod of its own: the parent's connections are the parent's.
-        if self._pod is None or self._pid != os.getpid():
+        # Created lazily: its pools and probes belong to the event loop that first uses them.
+        self._own_process()
+        if self._pod is None:
             self._pod = Pod(self._addresses, **self._pod_args)  # type: ignore[arg-type]
-            self._pid = os.getpid()
-            self._resolving = None
         return self._pod
+
+    def _own_process(self) -> None:
+        """In a forked child, forget the parent's pod, staging pools and DNS task (its connections, copy
+        threads and streams are the parent's, left untouched): the child makes its own at first use."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._pod, self._resolving, self._stagers = None, None, {}
 
     def _mark_down(self, node: Node, reason: str) -> None:
         self.pod.mark_down(node, reason)
@@ -559,8 +563,7 @@ class AsyncContextStore:
     def _stager(self, device: Any) -> staging_module.Stager:
         """The staging pool of a device (made at first use: host chunks are allocated then, once)."""
         key = (device.type, device.index)
-        if self._stagers_pid != os.getpid():  # a forked child: the parent's copy threads and streams are not here
-            self._stagers, self._stagers_pid = {}, os.getpid()
+        self._own_process()
         stager = self._stagers.get(key)
         if stager is None:
             chunks = STAGING_CHUNKS
@@ -573,13 +576,13 @@ class AsyncContextStore:
         return {**self.metrics.snapshot(), "nodes": self.pod.health()}
 
     async def aclose(self) -> None:
-        if self._pod is not None and self._pid == os.getpid():  # a forked child leaves the parent's pod alone
+        self._own_process()
+        if self._pod is not None:
             self._pod.close()
         self._lanes.close()
-        if self._stagers_pid == os.getpid():
-            for stager in self._stagers.values():
-                stager.backend.close()
-            self._stagers.clear()
+        for stager in self._stagers.values():
+            stager.backend.close()
+        self._stagers.clear()
 
     async def __aenter__(self) -> AsyncContextStore:
         return self
@@ -637,8 +640,8 @@ class AsyncNamespace:
         views of it. ``pin``: keep the fetched blocks from eviction for that many seconds."""
         keys = self.block_hashes(tokens)
         if staging_module.wants_staging(out, self.store.staging):
-            sizes = await self.store.get_keys_staged(self.bucket, keys, out, pin=pin)
-            target, _ = staging_module.target_of(out, len(keys))
+            target, event = staging_module.target_of(staging_module.ready(out), len(keys))
+            sizes = await self.store.get_keys_staged(self.bucket, keys, staging_module.Ready(target, event), pin=pin)
             blocks: list[Any] = [target.block(i, size) for i, size in enumerate(sizes)]
         else:
             views = await self.store.get_keys(self.bucket, keys, Destinations(out, len(keys)), pin=pin)

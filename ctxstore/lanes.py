@@ -159,10 +159,6 @@ class Lanes:
         self._pid = os.getpid()
         self._closed = False
 
-    @property
-    def started(self) -> list[LoopThread]:
-        return [t for t in self._threads if t.started]
-
     async def request(self, lane: int, host: str, port: int, head: bytes, body: Sequence[Buffer] | BodyStream,
                       factory: ReaderFactory) -> Response:
         """One request to ``host:port`` on lane ``lane`` (1 or more), awaited from the calling loop. If the

@@ -375,10 +375,9 @@ Send = Callable[[int, int, Any, int], Awaitable[Any]]
 
 async def restore(stager: Stager, target: Target, event: Any, fetch: Fetch, *, depth: int | None = None) -> list[int]:
     """The sizes of the leading blocks that arrived whole and verified, each now in ``target``. Chunk after
-    chunk: receive into a host chunk (``depth`` chunks are received at once, by default all but one of the pool's),
-    then one copy to the device (and a
-    device-side scatter) on the copy stream, while the next chunks are received. Returns once every copy made
-    has completed, and once no receive is left running."""
+    chunk: receive into a host chunk (``depth`` chunks at once, by default all but one of the pool's), then one
+    copy to the device (and a device-side scatter) on the copy stream while the next chunks are received.
+    Returns once every copy made has completed, and once no receive is left running."""
     backend = stager.backend
     backend.after(event)
     per_chunk = stager.blocks_per_chunk(target.block_bytes)
@@ -469,6 +468,8 @@ async def save(stager: Stager, source: Target, event: Any, send: Send) -> list[A
         for task in sends:  # a failure above: the sends already started still end before this returns
             if not task.done():
                 await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # looked at: the first failure is the one raised
 
 
 def _leading(sizes: Sequence[int | None]) -> int:

@@ -20,6 +20,7 @@ in the view, nor in the object); ``tests/integrations/vllm_driver.py layouts`` c
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,25 +105,43 @@ class PagedLayout:
 
     def gather(self, block_ids: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
         """A copy of the blocks, ``[len(block_ids), block_bytes]`` uint8: what a save sends (one copy per layer)."""
-        n = len(block_ids)
         if out is None:
-            out = torch.empty((n, self.block_bytes), dtype=torch.uint8, device=self.device)
-        index = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
-        offset = 0
-        for t, d in zip(self.tensors, self.block_dims):
-            layer = t.index_select(d, index).movedim(d, 0)  # [n, ...] in block order
-            flat = layer.contiguous().view(n, -1).view(torch.uint8)
-            size = flat.shape[1]
-            out[:, offset:offset + size].copy_(flat)
-            offset += size
+            out = torch.empty((len(block_ids), self.block_bytes), dtype=torch.uint8, device=self.device)
+        self.gather_rows(out, torch.tensor(list(block_ids), dtype=torch.long, device=self.device))
         return out
+
+    @functools.cached_property
+    def _byte_layers(self) -> list[tuple[torch.Tensor, int, tuple[int, ...], int]]:
+        """Per layer: its bytes (a uint8 view, block axis kept: every vLLM layout keeps the last axis contiguous,
+        so fp8 and bf16 caches are handled alike), the block axis, one block's shape in bytes, and its size."""
+        layers = []
+        for t, d in zip(self.tensors, self.block_dims):
+            raw = t.view(torch.uint8)
+            block = raw.select(d, 0)
+            layers.append((raw, d, tuple(block.shape), block.numel()))
+        return layers
+
+    def gather_rows(self, rows: torch.Tensor, index: torch.Tensor) -> None:
+        """Block ``index[i]`` of every layer into ``rows[i]`` (``[len(index), block_bytes]`` uint8), in object
+        order: one ``index_select`` per layer."""
+        offset = 0
+        for raw, d, shape, n in self._byte_layers:
+            rows[:, offset:offset + n].view(len(index), *shape).copy_(raw.index_select(d, index).movedim(d, 0))
+            offset += n
+
+    def scatter_rows(self, rows: torch.Tensor, index: torch.Tensor) -> None:
+        """The mirror of :meth:`gather_rows`: object ``rows[i]`` into block ``index[i]``, one ``index_copy_``
+        per layer."""
+        offset = 0
+        for raw, d, shape, n in self._byte_layers:
+            raw.index_copy_(d, index, rows[:, offset:offset + n].view(len(index), *shape).movedim(0, d))
+            offset += n
 
 
 class PagedTarget:
     """Blocks of a paged cache as a :class:`ctxstore.staging.Target`: a chunk of objects lands in the device
-    staging buffer whole, then one ``index_copy_`` per layer puts every object's slice of that layer into its
-    block (a save: one ``index_select`` per layer into the buffer). Each layer is handled as bytes (its last
-    axis is contiguous in every vLLM layout), so fp8 and bf16 caches take the same path."""
+    staging buffer whole, then :meth:`PagedLayout.scatter_rows` puts each into its block (a save: the chunk's
+    blocks gathered into the buffer with :meth:`PagedLayout.gather_rows`, then one copy to the host)."""
 
     exact = True  # an object of another size was not written in this layout: never copied
 
@@ -136,12 +155,6 @@ class PagedTarget:
         self.block_bytes = layout.block_bytes
         self.device = layout.device
         self.index = torch.tensor(self.block_ids, dtype=torch.long, device=self.device)
-        # Per layer: its bytes (uint8, block axis kept), the block axis, one block's shape in bytes, its size.
-        self._layers = []
-        for t, d in zip(layout.tensors, layout.block_dims):
-            raw = t.view(torch.uint8)
-            shape = tuple(raw.select(d, 0).shape)
-            self._layers.append((raw, d, shape, raw.select(d, 0).numel()))
 
     def scatter(self, backend: Any, staging: Any, chunk: torch.Tensor, first: int, count: int, size: int) -> None:
         buffer = staging()
@@ -150,10 +163,7 @@ class PagedTarget:
 
         def into_cache() -> None:
             buffer[:count * size].copy_(chunk[:count * size], non_blocking=True)
-            offset = 0
-            for raw, d, shape, n in self._layers:
-                raw.index_copy_(d, index, rows[:, offset:offset + n].view(count, *shape).movedim(0, d))
-                offset += n
+            self.layout.scatter_rows(rows, index)
 
         backend.submit(into_cache)
 
@@ -164,10 +174,7 @@ class PagedTarget:
         index = self.index[first:first + count]
 
         def out_of_cache() -> None:
-            offset = 0
-            for raw, d, shape, n in self._layers:
-                rows[:, offset:offset + n].view(count, *shape).copy_(raw.index_select(d, index).movedim(d, 0))
-                offset += n
+            self.layout.gather_rows(rows, index)
             chunk[:nbytes].copy_(buffer[:nbytes], non_blocking=True)
 
         backend.submit(out_of_cache)
