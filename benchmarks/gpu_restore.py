@@ -39,18 +39,13 @@ from typing import Any
 import torch
 import xxhash
 
+from ctxstore.units import parse_size
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import ACCESS, SECRET, Processes, ctxstore_argv, free_port, stats, today, wait_ctxstore
 
 MiB = 1 << 20
 BLOCK_TOKENS = 16
-
-
-def size_arg(text: str) -> int:
-    for suffix, factor in (("GiB", 1 << 30), ("MiB", MiB)):
-        if text.endswith(suffix):
-            return int(float(text[:-len(suffix)]) * factor)
-    return int(text)
 
 
 def timed(fn: Callable[[], Any], rounds: int, sync: Callable[[], None]) -> tuple[list[float], Any]:
@@ -288,12 +283,12 @@ def _pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--big", type=size_arg, default=4 << 30, help="bytes of the 2 MiB-block transfers")
+    parser.add_argument("--big", type=parse_size, default=4 << 30, help="bytes of the 2 MiB-block transfers")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--ttft", type=int, default=32769, help="prompt tokens of the TTFT run (0: skip)")
     parser.add_argument("--tiny", action="store_true", help="a 2-layer model for the TTFT run (a dry run)")
-    parser.add_argument("--pools", type=lambda t: [size_arg(x) for x in t.split(",") if x], default=[],
+    parser.add_argument("--pools", type=lambda t: [parse_size(x) for x in t.split(",") if x], default=[],
                         help="staging pool sizes to run the flat restore and save again with, e.g. 1GiB,2GiB")
     args = parser.parse_args()
     if args.device == "cpu" and not args.tiny:

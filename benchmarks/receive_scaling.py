@@ -40,6 +40,8 @@ from pathlib import Path
 
 import xxhash
 
+from ctxstore.units import parse_size
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import (
     ACCESS,
@@ -85,17 +87,14 @@ def shapes(big: int) -> list[Shape]:
             Shape("small", f"{SMALL // (64 << 10)} x 64 KiB", 64 << 10, SMALL)]
 
 
-def size_arg(text: str) -> int:
-    units = {"GiB": 1 << 30, "MiB": 1 << 20}
-    for suffix, factor in units.items():
-        if text.endswith(suffix):
-            return int(float(text[:-len(suffix)]) * factor)
-    return int(text)
-
-
 def prompt(seed: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(128000) for _ in range(1 << 17)]  # enough tokens for 8192 blocks of 16
+
+
+def file_bytes(big: int) -> int:
+    """The shared blocks and destination hold the larger scenario."""
+    return max(big, SMALL)
 
 
 def shared(path: Path, size: int) -> mmap.mmap:
@@ -114,7 +113,7 @@ def client_main(nodes: str, threads: int, big: int, files: str) -> int:
     from ctxstore import ContextStore, Timeouts
 
     source_path, arena_path = files.split(",")
-    source, arena = shared(Path(source_path), big), shared(Path(arena_path), big)
+    source, arena = shared(Path(source_path), file_bytes(big)), shared(Path(arena_path), file_bytes(big))
     kwargs: dict[str, object] = {"threads": threads} if threads else {}
     store = ContextStore(nodes, access_key=ACCESS, secret_key=SECRET, strict=True,
                          timeouts=Timeouts(connect=5, read=30, total=300), **kwargs)
@@ -181,17 +180,17 @@ def run(args: argparse.Namespace, variants: list[Variant]) -> list[str]:
     procs = Processes()
     tag = f"ctxstore-rs-{os.getpid()}"
     room = os.statvfs(SHM) if SHM.is_dir() else None
-    folder = SHM if room is not None and room.f_bavail * room.f_frsize > 2 * args.big + (1 << 30) else Path("/tmp")
+    folder = SHM if room is not None and room.f_bavail * room.f_frsize > 2 * file_bytes(args.big) + (1 << 30) else Path("/tmp")
     if folder != SHM:  # a container's /dev/shm is often 64 MB: file-backed maps then, in the page cache
         print(f"# {SHM} has too little room: the shared blocks live in {folder}", file=sys.stderr)
     source_path, arena_path = folder / f"{tag}-source", folder / f"{tag}-arena"
     try:
         for path in (source_path, arena_path):
             with open(path, "wb") as f:
-                f.truncate(args.big)
-        source = shared(source_path, args.big)
-        for offset in range(0, args.big, 64 << 20):  # random, so a block in the wrong place changes the digest
-            source[offset:offset + (64 << 20)] = os.urandom(min(64 << 20, args.big - offset))
+                f.truncate(file_bytes(args.big))
+        source = shared(source_path, file_bytes(args.big))
+        for offset in range(0, file_bytes(args.big), 64 << 20):  # random: a misplaced block changes the digest
+            source[offset:offset + (64 << 20)] = os.urandom(min(64 << 20, file_bytes(args.big) - offset))
         port = free_port()
         memory = f"{(2 * args.big + 2 * SMALL + (1 << 30)) >> 20}MiB"
         env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS, "CTXSTORE_SECRET_KEY": SECRET}
@@ -305,7 +304,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1) // 2))
     parser.add_argument("--threads", default="1,2,4,8", help="client thread counts, e.g. 1,2,4")
-    parser.add_argument("--big", type=size_arg, default=4 << 30, help="size of the 2 MiB-block scenario")
+    parser.add_argument("--big", type=parse_size, default=4 << 30, help="size of the 2 MiB-block scenario")
     parser.add_argument("--baseline", type=Path, help="a checkout of an earlier commit: its client too")
     parser.add_argument("--plot", type=Path, default=PLOT)
     parser.add_argument("--client", help=argparse.SUPPRESS)
