@@ -182,7 +182,7 @@ def transfers(store: Any, big: int, device: str, rounds: int) -> dict[str, Any]:
 
 
 def pool_run(store: Any, big: int, device: str, rounds: int) -> dict[str, Any]:
-    """Flat restore and save of ``big`` bytes in 2 MiB blocks (the blocks ``transfers`` saved) with this store's pool."""
+    """Flat restore and save of ``big`` bytes in 2 MiB blocks (the blocks ``transfers`` saved), this store's pool."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     n, block_bytes = big // (2 * MiB), 2 * MiB
     rng = random.Random(1)

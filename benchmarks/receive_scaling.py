@@ -180,7 +180,8 @@ def run(args: argparse.Namespace, variants: list[Variant]) -> list[str]:
     procs = Processes()
     tag = f"ctxstore-rs-{os.getpid()}"
     room = os.statvfs(SHM) if SHM.is_dir() else None
-    folder = SHM if room is not None and room.f_bavail * room.f_frsize > 2 * file_bytes(args.big) + (1 << 30) else Path("/tmp")
+    fits = room is not None and room.f_bavail * room.f_frsize > 2 * file_bytes(args.big) + (1 << 30)
+    folder = SHM if fits else Path("/tmp")
     if folder != SHM:  # a container's /dev/shm is often 64 MB: file-backed maps then, in the page cache
         print(f"# {SHM} has too little room: the shared blocks live in {folder}", file=sys.stderr)
     source_path, arena_path = folder / f"{tag}-source", folder / f"{tag}-arena"
