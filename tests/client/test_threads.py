@@ -26,6 +26,7 @@ from support.faultproxy import FaultProxy, Rule, flip, hang
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port_run, serving, start_node, wait_ready
 from ctxstore import AsyncContextStore, ConfigurationError, ContextStore, Namespace, Timeouts
 from ctxstore.buffers import Destinations
+from ctxstore import lanes
 from ctxstore.lanes import default_threads
 
 BS = 16
@@ -239,6 +240,30 @@ def test_a_node_killed_or_stopped_mid_restore_leaves_a_correct_prefix_in_bounded
 
 
 # ---------------------------------------------------------------------------- threads: lifetime and setting
+
+
+def test_a_part_that_cannot_start_on_its_thread_fails_the_call_at_once(node: Node,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever fails on a lane before its request exists (here: its connection pool cannot be made; nothing a
+    # node sends) must reach the waiting caller at once, as it would on the calling loop: before, the caller
+    # waited for an answer that never came, past its deadline and for good.
+    bucket, tokens, blocks = saved(node.endpoint, 8, MiB, seed=9)
+
+    def no_pool(*args: object, **kwargs: object) -> None:
+        raise OSError("no pool here")
+
+    monkeypatch.setattr(lanes, "Pool", no_pool)
+    with client(node.endpoint, 2) as store:
+        ns = namespace(store, bucket, create=False)
+        out = bytearray(8 * MiB)
+        started = time.monotonic()
+        with pytest.raises(OSError, match="no pool here"):
+            store.get_keys(bucket, ns.block_hashes(tokens), Destinations(out, 8))
+        assert time.monotonic() - started < BOUND
+    monkeypatch.undo()
+    with client(node.endpoint, 2) as store:  # the same call, lanes able to start: every block
+        assert store.get_keys(bucket, ns.block_hashes(tokens), Destinations(out, 8)).count(None) == 0
+        assert out == b"".join(blocks)
 
 
 def test_threads_start_at_the_first_bulk_call_and_close_stops_them_all(node: Node) -> None:
