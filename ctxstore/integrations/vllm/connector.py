@@ -77,6 +77,9 @@ __all__ = ["ConnectorConfig", "CtxStoreConnector", "CtxStoreConnectorMetadata"]
 
 log = init_logger("vllm.ctxstore")  # under "vllm": vLLM configures that logger tree
 T = TypeVar("T")
+# How long a lookup's answer waits for the nodes to take the prefetch that follows it: one round trip, so the
+# load the answer leads to cannot overtake the prefetch; a node slower than this only loses the prefetch's head start.
+PREFETCH_ORDER_WAIT = 0.25
 
 
 # ---------------------------------------------------------------------------------------------- configuration
@@ -291,8 +294,9 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return _Lookup(future, n_blocks, started)
 
     async def _lookup(self, ranks: list[list[str]], n_blocks: int) -> list[int]:
-        """One lookup of every rank's keys; then, if asked, a prefetch of the prefix every rank holds, started
-        and left to run (the nodes answer a prefetch at once; its failure is only a slower load)."""
+        """One lookup of every rank's keys; then, if asked, a prefetch of the prefix every rank holds. The answer
+        waits for the nodes to take the prefetch (they answer at once; at most ``PREFETCH_ORDER_WAIT``), so the
+        load that follows the answer never reaches a node before its prefetch; its failure is only a slower load."""
         store, bucket = self.client.store, self.config.bucket
         keys = [k for rank in ranks for k in rank]
         found = await store.locate_keys(bucket, keys)
@@ -304,6 +308,7 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
             task = asyncio.get_running_loop().create_task(store.prefetch_keys(bucket, cold))
             self._prefetches.add(task)
             task.add_done_callback(self._prefetch_done)
+            await asyncio.wait({task}, timeout=PREFETCH_ORDER_WAIT)
         return sizes
 
     def _prefetch_done(self, task: asyncio.Task[int]) -> None:
