@@ -126,12 +126,14 @@ async def pod(request: Request) -> dict[str, Any]:
     return await view.snapshot()
 
 
-def status_page() -> Response:
-    """The status page (see :mod:`.status`)."""
+def status_page(request: Request) -> Response:
+    """The status page (see :mod:`.status`); HEAD gets the GET's headers, its length included, and no body."""
     try:
         page, headers = status.page_and_headers()
     except OSError:
         raise HTTPException(404, "status page not installed (admin/status.html)") from None
+    if request.method == "HEAD":
+        return Response(media_type="text/html; charset=utf-8", headers={**headers, "Content-Length": str(len(page))})
     return Response(page, media_type="text/html; charset=utf-8", headers=headers)
 
 
@@ -171,4 +173,4 @@ def register(app: FastAPI) -> None:
     for method, path, endpoint, status_code in ROUTES:
         app.add_api_route(ADMIN_PREFIX + path, on_the_loop(endpoint), methods=[method], status_code=status_code,
                           dependencies=[Depends(require_token)])
-    app.add_api_route(ADMIN_PREFIX + "/status", status_page, methods=["GET"], include_in_schema=False)
+    app.add_api_route(ADMIN_PREFIX + "/status", status_page, methods=["GET", "HEAD"], include_in_schema=False)

@@ -1,10 +1,11 @@
 """The status page (GET /_ctx/v1/admin/status) of one node without peers, in a real headless Chromium driven by
-selenium: it loads without the token but holds none, shows the node's numbers, follows S3 traffic, reports a
-wrong token in the page, and logs no console errors. The pod view (peers, a node going down) is
-test_status_pod.py."""
+selenium: it loads without the token but holds none (and answers HEAD), shows the node's numbers, follows S3
+traffic, reports a wrong token in the page, and logs no console errors. The pod view (peers, a node going down)
+is test_status_pod.py."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import secrets
@@ -24,8 +25,6 @@ from support.nodes import Node, make_client, start_node
 TOKEN = "status-page-token-" + secrets.token_hex(8)
 STATUS = "/_ctx/v1/admin/status"
 
-pytestmark = pytest.mark.skipif(not browser_support.available(), reason=browser_support.MISSING)
-
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
@@ -38,6 +37,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not browser_support.available():  # the tests over plain HTTP run without it
+        pytest.skip(browser_support.MISSING)
     driver = browser_support.start(tmp_path_factory.mktemp("chromium-profile"))
     yield driver
     driver.quit()
@@ -66,6 +67,29 @@ def test_page_loads_without_token_and_holds_none(node: Node) -> None:
         urllib.request.urlopen(f"{node.endpoint}/_ctx/v1/admin/stats", timeout=5)
     assert info.value.code == 401
     info.value.close()
+
+
+def test_head_answers_as_get_without_a_body(node: Node) -> None:
+    """Link checkers and load balancers probe a page with HEAD: it gets the GET's status and headers."""
+    with urllib.request.urlopen(node.endpoint + STATUS, timeout=5) as resp:
+        page = resp.read()
+        get_headers = {k.lower(): v for k, v in resp.headers.items()}
+    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=5)
+    try:
+        conn.request("HEAD", STATUS)
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.status
+        assert resp.read() == b""
+        head_headers = {k.lower(): v for k, v in resp.getheaders()}
+        # The connection stays usable: no stray body bytes ahead of the next answer.
+        conn.request("GET", STATUS)
+        again = conn.getresponse()
+        assert again.status == 200 and again.read() == page
+    finally:
+        conn.close()
+    assert int(head_headers["content-length"]) == len(page)
+    for name in ("content-type", "content-security-policy", "cache-control", "x-frame-options"):
+        assert head_headers[name] == get_headers[name], name
 
 
 def test_page_shows_the_numbers_and_follows_traffic(node: Node, browser: Any, tmp_path: Path) -> None:
