@@ -1,7 +1,8 @@
 """The status page (GET /_ctx/v1/admin/status) of one node without peers, in a real headless Chromium driven by
 selenium: it loads without the token but holds none (and answers HEAD), shows the node's numbers, follows S3
-traffic, reports a wrong token in the page, and logs no console errors. The pod view (peers, a node going down)
-is test_status_pod.py."""
+traffic, reports a wrong token in the page, and logs no console errors. Its layout is measured in the DOM at a
+wide and a narrow window: figures never break between number and unit and fit their cards, the cards fill
+their rows evenly. The pod view (peers, a node going down) is test_status_pod.py."""
 
 from __future__ import annotations
 
@@ -42,6 +43,24 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     driver = browser_support.start(tmp_path_factory.mktemp("chromium-profile"))
     yield driver
     driver.quit()
+
+
+@pytest.fixture(scope="module")
+def big_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A node as operators run them: 512 MiB of RAM with 100 MiB in it (three-digit figures, the widest the
+    cards show) and a flash tier (its card makes seven)."""
+    tmp = tmp_path_factory.mktemp("status-big")
+    n = start_node(tmp, "--memory", "512MiB", "--disk", str(tmp / "flash"), "--disk-size", "64MiB",
+                   "--disk-segment-size", "8MiB", env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+    try:
+        s3 = make_client(n.endpoint)
+        s3.create_bucket(Bucket="kv-status-big")
+        block = b"\x5a" * (4 << 20)
+        for i in range(25):
+            s3.put_object(Bucket="kv-status-big", Key=f"block/{i:03d}", Body=block)
+        yield n
+    finally:
+        n.stop()
 
 
 def admin_stats(node: Node) -> dict[str, Any]:
@@ -186,3 +205,111 @@ def test_node_down_is_shown_in_the_page(tmp_path: Path, browser: Any) -> None:
         wait_for(lambda: text_of(browser, "live") == "down", what="the live badge to turn down")
     finally:
         victim.stop()
+
+
+# -------------------------------------------------------------------- layout, measured in the DOM
+
+NARROW = 420  # a phone, or a browser window beside a terminal
+
+
+def at_width(driver: Any, width: int) -> None:
+    """Resize the window and wait until the page has laid itself out again (two animation frames: the resize
+    observers run before the first)."""
+    driver.set_window_size(width, 1000)
+    wait_for(lambda: driver.execute_script("return innerWidth") == width, what=f"a window {width} px wide")
+    driver.execute_async_script("const done = arguments[arguments.length - 1];"
+                                "requestAnimationFrame(() => requestAnimationFrame(() => done()));")
+
+
+# Every figure of the cards (the big ones, their units, the values on the right of each row): each text on one
+# line, each inline element on one line, all inside the card.
+FIGURE_PROBLEMS = """
+// Boxes on separate lines (Chromium gives an inline element a box per child too, side by side on one line).
+const lines = (rects) => {
+  let count = 0, bottom = -Infinity;
+  for (const r of Array.from(rects).filter((r) => r.width).sort((a, b) => a.top - b.top)) {
+    if (r.top >= bottom - 1) count++;
+    bottom = Math.max(bottom, r.bottom);
+  }
+  return count;
+};
+const problems = [];
+for (const card of document.querySelectorAll(".cards > .card")) {
+  const c = card.getBoundingClientRect();
+  if (!c.width) continue;  // hidden: the flash card of a node without flash
+  if (card.scrollWidth > card.clientWidth) problems.push(`${card.id}: its content is wider than the card`);
+  for (const e of card.querySelectorAll(".big, .big *, .row > :last-child, .row > :last-child *")) {
+    const rects = e.getClientRects();
+    if (!rects.length) continue;  // not shown (a flash-only row)
+    const name = `${card.id} ${e.id ? "#" + e.id : "." + e.className}`;
+    for (const t of e.childNodes) {
+      if (t.nodeType !== Node.TEXT_NODE || !t.textContent.trim()) continue;
+      const range = document.createRange();
+      range.selectNodeContents(t);
+      const n = lines(range.getClientRects());
+      if (n > 1) problems.push(`${name}: "${t.textContent}" broken over ${n} lines`);
+    }
+    const n = lines(rects);
+    if (getComputedStyle(e).display === "inline" && n > 1)
+      problems.push(`${name}: "${e.textContent}" broken over ${n} lines`);
+    for (const r of rects)
+      if (r.left < c.left - 0.5 || r.right > c.right + 0.5)
+        problems.push(`${name}: "${e.textContent}" sticks out of its card`);
+  }
+}
+return problems;
+"""
+
+# The rows of each card grid: how many cards each holds and where it starts and ends.
+GRID_ROWS = """
+return Array.from(document.querySelectorAll(".cards, .charts"), (grid) => {
+  const g = grid.getBoundingClientRect(), rows = [];
+  for (const card of grid.children) {
+    const r = card.getBoundingClientRect();
+    if (!r.width) continue;
+    let row = rows.find((x) => Math.abs(x.top - r.top) < 2);
+    if (!row) rows.push(row = {top: r.top, left: r.left, right: r.right, cards: 0});
+    row.left = Math.min(row.left, r.left);
+    row.right = Math.max(row.right, r.right);
+    row.cards++;
+  }
+  return {grid: grid.className, left: g.left, right: g.right, rows: rows};
+});
+"""
+
+
+def assert_laid_out(driver: Any, width: int) -> None:
+    at_width(driver, width)
+    problems = driver.execute_script(FIGURE_PROBLEMS)
+    assert not problems, f"at {width} px: {problems}"
+    for grid in driver.execute_script(GRID_ROWS):
+        counts = [row["cards"] for row in grid["rows"]]
+        assert max(counts) - min(counts) <= 1, f"at {width} px, .{grid['grid']} rows of {counts} cards"
+        for row in grid["rows"]:
+            assert abs(row["left"] - grid["left"]) <= 1 and abs(row["right"] - grid["right"]) <= 1, \
+                f"at {width} px, .{grid['grid']}: a row of {counts} does not span the grid: {row}, {grid}"
+
+
+def test_figures_stay_whole_and_cards_fill_their_rows(big_node: Node, browser: Any) -> None:
+    """Seven cards (a flash tier) with three-digit figures: no figure breaks between number and unit or leaves
+    its card, and no row of cards is left half empty, wide or narrow."""
+    open_page(browser, f"{big_node.endpoint}{STATUS}#token={TOKEN}&interval=1")
+    wait_for(lambda: browser.find_element("id", "card-flash").is_displayed(), what="the flash card")
+    wait_for(lambda: (value_of(browser, "used") or 0) > 100 << 20, what="the RAM in use")
+    assert text_of(browser, "budget") == "512.0 MiB"
+    try:
+        for width in (1400, 1000, NARROW):
+            assert_laid_out(browser, width)
+    finally:
+        browser.set_window_size(1280, 1000)
+
+
+def test_cards_fill_their_rows_without_a_flash_tier(node: Node, browser: Any) -> None:
+    open_page(browser, f"{node.endpoint}{STATUS}#token={TOKEN}&interval=1")
+    wait_for(lambda: value_of(browser, "budget"), what="the first stats sample")
+    assert not browser.find_element("id", "card-flash").is_displayed()  # six cards
+    try:
+        for width in (1400, 1280, 900, NARROW):
+            assert_laid_out(browser, width)
+    finally:
+        browser.set_window_size(1280, 1000)
