@@ -2,18 +2,20 @@
 selenium: it loads without the token but holds none (and answers HEAD), shows the node's numbers, follows S3
 traffic, reports a wrong token in the page, and logs no console errors. Its layout is measured in the DOM at a
 wide and a narrow window: figures never break between number and unit and fit their cards, the cards fill
-their rows evenly. The pod view (peers, a node going down) is test_status_pod.py."""
+their rows evenly, chart axes have distinct ticks, round binary steps on byte axes. The pod view (peers, a node
+going down) is test_status_pod.py."""
 
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import re
 import secrets
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -313,3 +315,97 @@ def test_cards_fill_their_rows_without_a_flash_tier(node: Node, browser: Any) ->
             assert_laid_out(browser, width)
     finally:
         browser.set_window_size(1280, 1000)
+
+
+CHARTS = ("chart-requests", "chart-bytes", "chart-hits", "chart-memory", "chart-evictions", "chart-expirations")
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+BYTE_TICK = re.compile(r"(\d+(?:\.\d{1,2})?) (B|KiB|MiB|GiB|TiB)(?:/s)?")
+
+
+def ticks(driver: Any, chart: str) -> list[tuple[str, float]]:
+    """The labels of a chart's value axis (the texts left of its gridlines), bottom first, with their height."""
+    found: list[list[Any]] = driver.execute_script(
+        "const svg = document.getElementById(arguments[0]);"
+        "const left = Math.min(...Array.from(svg.querySelectorAll('line'), (l) => Number(l.getAttribute('x1'))));"
+        "return Array.from(svg.querySelectorAll('text'))"
+        "  .filter((t) => Number(t.getAttribute('x')) < left)"
+        "  .map((t) => [t.textContent, Number(t.getAttribute('y'))]).sort((a, b) => b[1] - a[1]);", chart)
+    return [(text, y) for text, y in found]
+
+
+def assert_distinct_ticks(chart: str, labels: Sequence[tuple[str, float]]) -> None:
+    texts = [text for text, _ in labels]
+    assert len(texts) >= 3, f"{chart}: {texts}"
+    assert len(set(texts)) == len(texts), f"{chart}: the same tick twice: {texts}"
+    assert texts[0].startswith("0"), f"{chart}: {texts}"
+    gaps = [a[1] - b[1] for a, b in itertools.pairwise(labels)]
+    assert max(gaps) - min(gaps) < 1 and min(gaps) > 0, f"{chart}: uneven ticks {labels}"
+
+
+def byte_ticks(labels: Sequence[tuple[str, float]]) -> list[float] | None:
+    """The byte values of an axis' labels, or None where one is not a number and a binary unit."""
+    values = []
+    for text, _ in labels:
+        match = BYTE_TICK.fullmatch(text)
+        if not match:
+            return None
+        values.append(float(match[1]) * UNITS[match[2]])
+    return values
+
+
+def assert_round_binary_steps(chart: str, labels: Sequence[tuple[str, float]]) -> None:
+    """0, s, 2s ... with s a power of two bytes: each label exact in the unit it shows (256 MiB, 512 MiB, 768 MiB,
+    1 GiB; never 95.4 MiB, the decimal 100 MB)."""
+    assert_distinct_ticks(chart, labels)
+    values = byte_ticks(labels)
+    assert values is not None, f"{chart}: {labels}"
+    step = int(values[1])
+    assert values[1] == step and step & (step - 1) == 0, f"{chart}: a step of {step} bytes: {labels}"
+    assert values == [k * step for k in range(len(values))], f"{chart}: {labels}"
+
+
+def test_chart_axes_of_a_quiet_node_have_distinct_ticks(tmp_path: Path, browser: Any) -> None:
+    """Nothing moves: every chart's axis still reads 0 and distinct round steps above it (it read "1 B/s,
+    1 B/s, 0 B/s"); then one tiny write, a few bytes a second on the byte chart."""
+    quiet = start_node(tmp_path, env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+    try:
+        open_page(browser, f"{quiet.endpoint}{STATUS}#token={TOKEN}&interval=1")
+        wait_for(lambda: float(browser.find_element("id", "chart-bytes").get_attribute("data-points") or 0) >= 4,
+                 what="two pairs of samples in the bytes chart")
+        for chart in CHARTS:
+            assert_distinct_ticks(chart, ticks(browser, chart))
+        assert_round_binary_steps("chart-bytes", ticks(browser, "chart-bytes"))
+        assert_round_binary_steps("chart-memory", ticks(browser, "chart-memory"))
+
+        s3 = make_client(quiet.endpoint)
+        s3.create_bucket(Bucket="kv-status-quiet")
+        s3.put_object(Bucket="kv-status-quiet", Key="tiny", Body=b"x" * 7)
+        s3.get_object(Bucket="kv-status-quiet", Key="tiny")["Body"].read()
+        wait_for(lambda: (value_of(browser, "used") or 0) > 0, what="the tiny object in the RAM figures")
+        points = float(browser.find_element("id", "chart-bytes").get_attribute("data-points") or 0)
+        wait_for(lambda: float(browser.find_element("id", "chart-bytes").get_attribute("data-points") or 0)
+                 >= points + 4, what="two more pairs of samples")
+        for chart in CHARTS:
+            assert_distinct_ticks(chart, ticks(browser, chart))
+        assert_round_binary_steps("chart-bytes", ticks(browser, "chart-bytes"))
+        assert_round_binary_steps("chart-memory", ticks(browser, "chart-memory"))
+        errors = severe(browser)
+        assert not errors, f"console errors: {errors}"
+    finally:
+        quiet.stop()
+
+
+def test_byte_axes_step_in_round_binary_units(big_node: Node, browser: Any) -> None:
+    open_page(browser, f"{big_node.endpoint}{STATUS}#token={TOKEN}&interval=1")
+    wait_for(lambda: float(browser.find_element("id", "chart-memory").get_attribute("data-points") or 0) >= 2,
+             what="samples in the RAM chart")
+    s3 = make_client(big_node.endpoint)
+    block = b"\x3c" * (1 << 20)
+    for i in range(12):  # a few MiB/s in and out while the page watches
+        s3.put_object(Bucket="kv-status-big", Key=f"moving/{i:02d}", Body=block)
+        s3.get_object(Bucket="kv-status-big", Key=f"moving/{i:02d}")["Body"].read()
+    wait_for(lambda: max(byte_ticks(ticks(browser, "chart-bytes")) or [0]) > 1 << 20,
+             what="the bytes chart to show MiB/s")
+    for chart in ("chart-bytes", "chart-memory"):
+        assert_round_binary_steps(chart, ticks(browser, chart))
+    assert max(byte_ticks(ticks(browser, "chart-memory")) or [0]) >= 100 << 20
