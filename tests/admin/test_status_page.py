@@ -1,9 +1,9 @@
 """The status page (GET /_ctx/v1/admin/status) of one node without peers, in a real headless Chromium driven by
 selenium: it loads without the token but holds none (and answers HEAD), shows the node's numbers, follows S3
-traffic, reports a wrong token in the page, and logs no console errors. Its layout is measured in the DOM at a
-wide and a narrow window: figures never break between number and unit and fit their cards, the cards fill
-their rows evenly, chart axes have distinct ticks, round binary steps on byte axes. The pod view (peers, a node
-going down) is test_status_pod.py."""
+traffic, reports a wrong token in the page, hides the token field once connected, and logs no console errors.
+Its layout is measured in the DOM at a wide and a narrow window: figures never break between number and unit
+and fit their cards, the cards fill their rows evenly, chart axes have distinct ticks, round binary steps on
+byte axes. The pod view (peers, a node going down) is test_status_pod.py."""
 
 from __future__ import annotations
 
@@ -409,3 +409,35 @@ def test_byte_axes_step_in_round_binary_units(big_node: Node, browser: Any) -> N
     for chart in ("chart-bytes", "chart-memory"):
         assert_round_binary_steps(chart, ticks(browser, chart))
     assert max(byte_ticks(ticks(browser, "chart-memory")) or [0]) >= 100 << 20
+
+
+def test_token_field_goes_once_connected_and_comes_back_on_disconnect(node: Node, browser: Any) -> None:
+    form = ("id", "token-form")
+    open_page(browser, f"{node.endpoint}{STATUS}#token={TOKEN}&interval=1")
+    wait_for(lambda: value_of(browser, "budget"), what="the first stats sample")
+    assert not browser.find_element(*form).is_displayed()
+    assert not browser.find_element("id", "token-input").is_displayed()
+    disconnect = browser.find_element("id", "disconnect")
+    assert disconnect.is_displayed()
+
+    # Disconnecting forgets the token (the URL's too, so a reload does not bring it back) and asks for one.
+    disconnect.click()
+    wait_for(lambda: "admin token" in text_of(browser, "notice").lower(), what="the token prompt")
+    assert TOKEN not in browser.current_url
+    assert "interval=1" in browser.current_url  # the other options stay
+    assert text_of(browser, "used") == "–"
+    assert browser.find_element(*form).is_displayed()
+    assert not browser.find_element("id", "disconnect").is_displayed()
+
+    # A token typed in: the field goes again once the node accepted it.
+    browser.find_element("id", "token-input").send_keys(TOKEN)
+    browser.find_element("css selector", "#token-form button").click()
+    wait_for(lambda: value_of(browser, "budget"), what="numbers after typing the token")
+    wait_for(lambda: not browser.find_element(*form).is_displayed(), what="the token field to go")
+    assert browser.find_element("id", "disconnect").is_displayed()
+
+    # A rejected token brings the field back, without a disconnect button.
+    open_page(browser, f"{node.endpoint}{STATUS}#token=not-the-token&interval=1")
+    wait_for(lambda: "rejected" in text_of(browser, "notice"), what="the wrong-token error")
+    assert browser.find_element(*form).is_displayed()
+    assert not browser.find_element("id", "disconnect").is_displayed()
