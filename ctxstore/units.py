@@ -30,3 +30,35 @@ def parse_duration(text: str) -> float:
     if not match:
         raise ValueError(f"not a duration: {text!r} (examples: 30, 30s, 5m, 2h, 7d)")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def format_duration(seconds: float) -> str:
+    """The largest unit that writes ``seconds`` exactly: 604800 → ``7d``, 1800 → ``30m``, 90 → ``90s``."""
+    for unit in ("d", "h", "m"):
+        factor = _DURATION_UNITS[unit]
+        if seconds >= factor and seconds % factor == 0:
+            return f"{int(seconds // factor)}{unit}"
+    return f"{seconds:g}s"
+
+
+def format_size(n: int) -> str:
+    """Binary units, with the decimal size beside them when that is how it was written: 1073741824 → ``1 GiB``,
+    2000000000 → ``2 GB (1.86 GiB)``, 1536 → ``1.5 KiB``."""
+    binary = f"{n} B"
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        factor = _SIZE_UNITS[unit.lower()]
+        if n >= factor:
+            binary = f"{n / factor:.3g} {unit}" if n % factor else f"{n // factor} {unit}"
+            if n % factor == 0:
+                return binary
+            break
+    for unit in ("TB", "GB", "MB", "KB"):
+        factor = _SIZE_UNITS[unit.lower()]
+        if n >= factor and n % factor == 0:
+            return f"{n // factor} {unit} ({binary})"
+    return binary
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 node``, ``3 nodes``, ``1,024 blocks``."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"

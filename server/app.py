@@ -105,10 +105,16 @@ class App:
                 try:
                     # The flash tier's index is rebuilt before the port opens: ready means it serves what it holds.
                     await self.engine.open()
+                except OSError as exc:  # the directory: in use, not writable, full. One line says it all.
+                    reason = exc.strerror or str(exc)
+                    where = f" ({exc.filename})" if exc.filename else ""
+                    await send({"type": "lifespan.startup.failed", "message": f"flash tier: {reason}{where}"})
+                    return
                 except Exception as exc:
                     log.exception("the flash tier could not be opened")
                     await send({"type": "lifespan.startup.failed", "message": f"flash tier: {exc}"})
                     return
+                self.node.apply_file_quotas()
                 await self.events.start()
                 self.engine.announce_recovered()  # after AllBlocksCleared: what this process holds again
                 self._housekeeper = asyncio.create_task(self._housekeeping())

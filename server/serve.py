@@ -11,12 +11,14 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import io
 import ipaddress
 import logging
 import math
 import os
 import secrets
 import signal
+import socket
 import sys
 
 import httptools
@@ -24,6 +26,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ctxstore.admin_schema import generate_key_pair
+from ctxstore.cliargs import ArgumentParser
+from ctxstore.units import format_duration, format_size
 
 from . import allocator, shards
 from . import settings as settings_mod
@@ -61,7 +65,8 @@ def build_tenants(settings: Settings, out=sys.stdout) -> TenantRegistry:  # noqa
             )
         access, secret = generate_key_pair()
         tenants.add(DEFAULT_TENANT, access, secret)
-        print("ctxstore: no credentials configured; generated for this run (loopback only):", file=out)
+        print("  no credentials configured; generated for this run (loopback only; the aws CLI, boto3 and the "
+              "ctxstore client all read these):", file=out)
         print(f"  export AWS_ACCESS_KEY_ID={access}", file=out)
         print(f"  export AWS_SECRET_ACCESS_KEY={secret}", file=out)
     return tenants
@@ -73,10 +78,11 @@ def ensure_admin_token(settings: Settings, out=sys.stdout) -> None:  # noqa: ANN
         return
     if is_loopback(settings.host):
         settings.admin_token = secrets.token_urlsafe(24)
-        print("ctxstore: no admin token configured; generated for this run (loopback only):", file=out)
+        print("  no admin token configured; generated for this run (loopback only; ctxstore admin reads it):",
+              file=out)
         print(f"  export CTXSTORE_ADMIN_TOKEN={settings.admin_token}", file=out)
     else:
-        print("ctxstore: CTXSTORE_ADMIN_TOKEN is not set: the admin API and /metrics are disabled", file=out)
+        print("  CTXSTORE_ADMIN_TOKEN is not set: the admin API and /metrics are disabled", file=out)
 
 
 def protocol_with_header_limit(
@@ -270,19 +276,18 @@ def tune_gc() -> None:
     gc.freeze()
 
 
-def _size(n: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= factor:
-            return f"{n / factor:g} {unit}"
-    return f"{n} bytes"
-
-
 class DrainingServer(uvicorn.Server):
-    """Marks the node as draining (readiness 503) the moment SIGTERM/SIGINT arrives."""
+    """Prints the banner once the node serves (the flash tier open, the port listening), and marks the node as
+    draining (readiness 503) the moment SIGTERM/SIGINT arrives."""
 
-    def __init__(self, config: uvicorn.Config, app: App) -> None:
+    def __init__(self, config: uvicorn.Config, app: App, banner: str = "") -> None:
         super().__init__(config)
         self.app = app
+        self.banner = banner
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)  # exits (SystemExit) when the application's start-up failed
+        print(self.banner, end="", flush=True)
 
     def handle_exit(self, sig: int, frame: object) -> None:
         self.app.node.draining = True
@@ -290,15 +295,19 @@ class DrainingServer(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ctxstore serve", description="Run a ctxstore node.")
+    parser = ArgumentParser(prog="ctxstore serve", description="Run a ctxstore node.")
     settings_mod.add_arguments(parser)
     args = parser.parse_args(argv)
+    # What start-up generated (keys, an admin token) is printed with the banner, once the node serves: printed
+    # before a start that then fails, it would send the user to whatever else holds the port.
+    notices = io.StringIO()
     try:
         settings = settings_mod.resolve(args)
-        tenants = build_tenants(settings)
+        tenants = build_tenants(settings, notices)
     except ValueError as exc:
         parser.error(str(exc))
-    ensure_admin_token(settings)
+    configured_token = bool(settings.admin_token)
+    ensure_admin_token(settings, notices)
     if bool(settings.tls_cert) != bool(settings.tls_key):
         parser.error("--tls-cert and --tls-key go together")
     if bool(settings.disk) != bool(settings.disk_size):
@@ -306,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scheme = "https" if settings.tls_cert else "http"
     if settings.workers > 1:
+        print(notices.getvalue(), end="", flush=True)
         return serve_shards(settings, tenants, scheme, list(sys.argv[1:] if argv is None else argv))
+    sock = listen_socket(settings.host, settings.port)
     allocator.tune()
     try:
         app = App(settings, tenants)
@@ -314,17 +325,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     tune_gc()
     base = f"{scheme}://{settings.host}:{settings.port}"
-    disk = f", flash tier {settings.disk} ({_size(settings.disk_size)})" if settings.disk else ""
-    banner = shards.shard_banner()
-    if banner is not None:  # one of a --workers node's shards: the parent printed how to reach them
-        print(f"ctxstore: {banner} serving on {base} (budget {_size(settings.memory)}{disk})", flush=True)
+    disk = f", flash tier {settings.disk} ({format_size(settings.disk_size)})" if settings.disk else ""
+    shard = shards.shard_banner()
+    if shard is not None:  # one of a --workers node's shards: the parent printed how to reach them
+        banner = f"ctxstore: {shard} serving on {base} (budget {format_size(settings.memory)}{disk})\n"
     else:
-        print(f"ctxstore: serving S3 on {base} (budget {_size(settings.memory)}{disk}, default TTL "
-              f"{settings.default_ttl:g} s)", flush=True)
-        print(f"  e.g. aws --endpoint-url {base} s3 ls", flush=True)
+        token = "<CTXSTORE_ADMIN_TOKEN>" if configured_token else settings.admin_token  # never print a configured one
+        banner = (f"ctxstore: serving S3 on {base} (budget {format_size(settings.memory)}{disk}, default TTL "
+                  f"{format_duration(settings.default_ttl)})\n"
+                  f"  e.g. aws --endpoint-url {base} s3 ls\n{notices.getvalue()}")
         if settings.admin_token:
-            print(f"  status page: {base}/_ctx/v1/admin/status#token=<CTXSTORE_ADMIN_TOKEN>", flush=True)
-    server = DrainingServer(uvicorn_config(app, settings), app)
+            banner += f"  status page: {base}/_ctx/v1/admin/status#token={token}\n"
+    config = uvicorn_config(app, settings)
+    logging.getLogger("uvicorn.error").addFilter(_after_the_reason)
+    server = DrainingServer(config, app, banner)
 
     def on_sigterm(signum: int, frame: object) -> None:
         # uvicorn drains on SIGTERM, then re-raises the signal once its own handler is gone; that second
@@ -334,8 +348,27 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    server.run()
+    server.run(sockets=[sock])  # a failed start exits 3 (uvicorn's SystemExit) once its reason was logged
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The node's listening socket, bound before anything else starts: a port in use is one line and exit 1,
+    not a banner followed by uvicorn's error once the flash tier was opened."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"ctxstore: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _after_the_reason(record: logging.LogRecord) -> bool:
+    """uvicorn follows the reason a start failed (one line, logged already) with a generic line of its own."""
+    return record.getMessage() != "Application startup failed. Exiting."
 
 
 def serve_shards(settings: Settings, tenants: TenantRegistry, scheme: str, argv: list[str]) -> int:
@@ -354,7 +387,7 @@ def serve_shards(settings: Settings, tenants: TenantRegistry, scheme: str, argv:
         env["CTXSTORE_ADMIN_TOKEN"] = settings.admin_token
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     print(f"ctxstore: {n} shards on {scheme}://{host}:{settings.port}-{last} (budget "
-          f"{_size(settings.memory // n)} each, default TTL {settings.default_ttl:g} s)", flush=True)
+          f"{format_size(settings.memory // n)} each, default TTL {format_duration(settings.default_ttl)})", flush=True)
     print(f"  clients: CTXSTORE_NODES={host}:{settings.port}-{last}; S3 tools: any shard, e.g. "
           f"aws --endpoint-url {scheme}://{host}:{settings.port} s3 ls", flush=True)
     return shards.Supervisor(settings, argv, env).run()

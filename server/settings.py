@@ -16,10 +16,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ctxstore.endpoints import parse_endpoints
-from ctxstore.units import parse_duration, parse_size
+from ctxstore.units import format_duration, parse_duration, parse_size
 
-__all__ = ["SETTINGS", "Setting", "Settings", "add_arguments", "markdown", "parse_bool", "parse_duration",
-           "parse_size", "resolve"]
+__all__ = ["SETTINGS", "Setting", "Settings", "add_arguments", "check_ttls", "markdown", "parse_bool",
+           "parse_duration", "parse_size", "resolve"]
 
 
 def parse_bool(text: str) -> bool:
@@ -54,6 +54,16 @@ def _parse_node_list(text: str) -> str:
 
 
 NODE_LIST = SettingType("nodes", _parse_node_list)
+
+
+def _parse_port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise ValueError(f"not a TCP port (1-65535): {text!r}")
+    return port
+
+
+PORT = SettingType("integer", _parse_port)
 
 
 def choice(*options: str) -> SettingType:
@@ -95,7 +105,7 @@ class Settings:
 
     host: str = setting("127.0.0.1", STR, "CTXSTORE_HOST",
                 "Address to bind. A non-loopback address requires configured credentials.")
-    port: int = setting(9000, INT, "CTXSTORE_PORT",
+    port: int = setting(9000, PORT, "CTXSTORE_PORT",
                 "TCP port for S3 (and the other APIs under reserved prefixes).")
     memory: int = setting(1 << 30, SIZE, "CTXSTORE_MEMORY",
                 "Byte budget for stored objects, multipart parts and uploads in flight (e.g. 4GiB).", mutable=True)
@@ -144,7 +154,9 @@ class Settings:
                 "workers write CTXSTORE_NODES, or a DNS name resolving to every node (a headless service). This "
                 "node asks their admin APIs with its own admin token. Empty: the page shows this node alone.")
     tenants_file: str = setting("", STR, "CTXSTORE_TENANTS_FILE",
-                "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ...}].")
+                "JSON file listing tenants: [{\"tenant\": ..., \"access_key\": ..., \"secret_key\": ..., \"quota\": "
+                "...}]; `quota` (optional: bytes or a size such as \"64MiB\") caps what the tenant holds on this node, "
+                "from start-up on. An unknown field is an error.")
     max_buckets_per_tenant: int = setting(1000, INT, "CTXSTORE_MAX_BUCKETS_PER_TENANT",
                 "Buckets one tenant may own; more get TooManyBuckets.")
     max_uploads_per_tenant: int = setting(1000, INT, "CTXSTORE_MAX_UPLOADS_PER_TENANT",
@@ -247,6 +259,7 @@ def resolve(args: argparse.Namespace | None = None, env: Mapping[str, str] | Non
     """Flags over environment over defaults. Raises ValueError naming the setting on a bad value."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for s in SETTINGS:
         raw = getattr(args, s.name, None) if args is not None else None
         source = "--" + s.name.replace("_", "-")
@@ -258,10 +271,23 @@ def resolve(args: argparse.Namespace | None = None, env: Mapping[str, str] | Non
             value = s.type.parse(raw)
         except ValueError as exc:
             raise ValueError(f"{source}: {exc}") from None
-        if s.type in (SIZE, DURATION, INT) and not value > 0 and not (value == 0 and s.default == 0):
+        if s.type in (SIZE, DURATION, INT, PORT) and not value > 0 and not (value == 0 and s.default == 0):
             raise ValueError(f"{source}: must be positive, got {raw!r}")  # 0 only where the default (0) means "auto"
         values[s.name] = value
-    return Settings().with_values(values)
+        sources[s.name] = source
+    settings = Settings().with_values(values)
+    check_ttls(settings.default_ttl, settings.max_ttl, sources.get("default_ttl", "default_ttl"),
+               sources.get("max_ttl", "max_ttl"))
+    return settings
+
+
+def check_ttls(default_ttl: float, max_ttl: float, default_name: str = "default_ttl",
+               max_name: str = "max_ttl") -> None:
+    """The rule tying the two TTL settings, the same at start-up and at run time (where the admin API changes
+    them): a default above the maximum would be cut to it on every write, silently."""
+    if default_ttl > max_ttl:
+        raise ValueError(f"{default_name} {format_duration(default_ttl)} exceeds {max_name} "
+                         f"{format_duration(max_ttl)}: the default TTL must be at most the maximum")
 
 
 def format_default(s: Setting) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
+from ..cliargs import ArgumentParser
 from .commands import (
     Context,
     cmd_buckets,
@@ -26,7 +28,7 @@ from .nodes import Pod, parse_nodes
 
 def build_parser() -> argparse.ArgumentParser:
     # The common options are accepted before or after the subcommand (`ctxstore admin stats --json`).
-    common = argparse.ArgumentParser(add_help=False)
+    common = ArgumentParser(add_help=False)
     common.add_argument("--nodes", default=argparse.SUPPRESS,
                         help=f"comma-separated host:port or http(s)://host:port of the pod's nodes "
                              f"[env {ENV_NODES}; default {DEFAULT_NODES}]")
@@ -41,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--insecure", action="store_true", default=argparse.SUPPRESS,
                         help="do not verify HTTPS certificates")
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="ctxstore admin", parents=[common],
         description="Administer a ctxstore node or a whole pod through the admin API.",
         epilog="exit codes: 0 at least one node answered (with --strict: all did); 1 no node answered or "
@@ -100,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        nodes = parse_nodes(getattr(args, "nodes", None) or os.environ.get(ENV_NODES) or DEFAULT_NODES)
+        given = getattr(args, "nodes", None) or os.environ.get(ENV_NODES)
+        nodes = parse_nodes(given or DEFAULT_NODES)
+        if not given and not _listening(DEFAULT_NODES):
+            # The default is the README's local node; without it, "down" would hide that no nodes were given.
+            raise UsageError(f"no nodes given: pass --nodes host:port,... or set {ENV_NODES} (nothing listens at "
+                             f"{DEFAULT_NODES}, the default)")
         token = getattr(args, "token", None) or os.environ.get(ENV_TOKEN, "")
         token = token.strip()
         if getattr(args, "needs_token", True) and not token:
@@ -119,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:  # `ctxstore admin ... | head`
         return EXIT_OK
+
+
+def _listening(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

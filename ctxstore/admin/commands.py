@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..admin_schema import ADMIN_PREFIX, HEALTH_LIVE, HEALTH_READY, MUTABLE_SETTINGS, generate_key_pair
-from ..units import parse_duration, parse_size
+from ..units import parse_duration, parse_size, plural
 from .aggregate import Sample, exit_code, summarize_buckets, summarize_stats, summarize_tenants, top_frame
 from .common import EXIT_FAILED, EXIT_OK, NodeError, UsageError
 from .nodes import Pod, node_name
@@ -64,7 +64,7 @@ def cmd_stats(ctx: Context) -> int:
     def render(console: Any, p: dict[str, Any]) -> None:
         from rich.markup import escape
 
-        table = _table(f"ctxstore pod: {p['nodes_up']}/{p['nodes_total']} nodes up")
+        table = _table(f"ctxstore pod: {p['nodes_up']}/{plural(p['nodes_total'], 'node')} up")
         for col in ("node", "state", "used", "budget", "use", "objects", "hit ratio", "hits", "misses",
                     "puts", "deletes", "evictions", "expirations", "in", "out"):
             table.add_column(col, justify="left" if col in ("node", "state") else "right", no_wrap=True)
@@ -131,7 +131,7 @@ def cmd_buckets(ctx: Context) -> int:
     def render(console: Any, p: dict[str, Any]) -> None:
         from rich.markup import escape
 
-        table = _table(f"buckets over {p['nodes_up']}/{p['nodes_total']} nodes")
+        table = _table(f"buckets over {p['nodes_up']}/{plural(p['nodes_total'], 'node')}")
         for col in ("bucket", "owner", "nodes", "objects", "bytes", "hit ratio", "hits", "misses", "puts",
                     "evictions", "expirations", "in", "out"):
             table.add_column(col, justify="left" if col in ("bucket", "owner") else "right", no_wrap=True)
@@ -163,7 +163,7 @@ def cmd_tenants_list(ctx: Context) -> int:
     def render(console: Any, p: dict[str, Any]) -> None:
         from rich.markup import escape
 
-        table = _table(f"tenant keys over {p['nodes_up']}/{p['nodes_total']} nodes")
+        table = _table(f"tenant keys over {p['nodes_up']}/{plural(p['nodes_total'], 'node')}")
         for col in ("tenant", "access key", "enabled", "on nodes", "quota", "charged"):
             table.add_column(col, justify="right" if col in ("quota", "charged", "on nodes") else "left",
                              no_wrap=True)
@@ -209,13 +209,14 @@ def cmd_tenants_create(ctx: Context) -> int:
             _print_problems(console, p["nodes"])
             return
         # Plain prints: the secret must never be cut or wrapped by a table.
-        print(f"tenant {p['tenant']!r}: key {p['access_key']} created on {created}/{len(statuses)} nodes"
-              + (f", quota {fmt_bytes(quota)} per node" if quota else ""))
+        print(f"tenant {p['tenant']!r}: key {p['access_key']} created on "
+              f"{created}/{plural(len(statuses), 'node')}" + (f", quota {fmt_bytes(quota)} per node" if quota else ""))
         print(f"  AWS_ACCESS_KEY_ID={p['access_key']}")
         print(f"  AWS_SECRET_ACCESS_KEY={p['secret_key']}")
         print("The secret is shown this once. Keys made here live in the nodes' memory; to keep them across "
               "restarts add this entry to every node's CTXSTORE_TENANTS_FILE:")
-        entry = {"tenant": p["tenant"], "access_key": p["access_key"], "secret_key": p["secret_key"]}
+        entry = {"tenant": p["tenant"], "access_key": p["access_key"], "secret_key": p["secret_key"],
+                 **({"quota": quota} if quota else {})}
         print("  " + json.dumps(entry))
         sys.stdout.flush()
         if created < len(statuses):
@@ -249,7 +250,7 @@ def cmd_tenants_revoke(ctx: Context) -> int:
 
     def render(console: Any, p: dict[str, Any]) -> None:
         if applied:
-            console.print(f"access key {key} {action} on {applied}/{len(statuses)} nodes", markup=False)
+            console.print(f"access key {key} {action} on {applied}/{plural(len(statuses), 'node')}", markup=False)
         _print_problems(console, p["nodes"])
 
     _emit(ctx, payload, render)
@@ -288,7 +289,8 @@ def cmd_flush(ctx: Context) -> int:
         where = f"{p['bucket']}/{p['prefix']}*" if p["prefix"] else p["bucket"]
         verb = "expired" if mode == "expire" else "flushed"
         if present:
-            console.print(f"{verb} {total:,} objects of {escape(where)} on {present}/{len(statuses)} nodes")
+            console.print(f"{verb} {plural(total, 'object')} of {escape(where)} on "
+                          f"{present}/{plural(len(statuses), 'node')}")
             for s in p["nodes"]:
                 if s["ok"]:
                     note = "no such bucket" if s["absent"] else f"{s['removed']:,}"

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ..settings import check_ttls
 from . import errors
 from .budget import Budget
 from .config import EngineConfig
@@ -86,8 +87,10 @@ class Operator:
         config = self.config
         new_max = max_ttl if max_ttl is not None else config.max_ttl
         new_default = default_ttl if default_ttl is not None else config.default_ttl
-        if new_default > new_max:
-            raise errors.InvalidArgument(f"default_ttl {new_default:g} exceeds max_ttl {new_max:g}")
+        try:
+            check_ttls(new_default, new_max)
+        except ValueError as exc:
+            raise errors.InvalidArgument(str(exc)) from None
         config.max_ttl, config.default_ttl = new_max, new_default
         evicted_before = self.stats()["evictions"]
         if budget is not None:

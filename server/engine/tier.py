@@ -35,6 +35,8 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from ctxstore.units import format_size
+
 from ..flash import (
     SUPERSEDED,
     FlashBlock,
@@ -123,8 +125,10 @@ class FlashTier:
                 on_remove=self._flash_removed,
             )
         except ValueError as exc:
-            raise ValueError(f"--disk-size {config.disk_size} with --disk-segment-size {config.disk_segment_size}: "
-                             f"{exc} (at least 3 segments plus 1 MiB)") from None
+            need = format_size(3 * config.disk_segment_size + (1 << 20))
+            raise ValueError(f"--disk-size {format_size(config.disk_size)} is too small for --disk-segment-size "
+                             f"{format_size(config.disk_segment_size)}: the flash tier needs at least 3 segments "
+                             f"plus 1 MiB ({need}); raise --disk-size or lower --disk-segment-size ({exc})") from None
         self.max_block = config.disk_segment_size - (16 << 10)  # what a segment can hold (the store's own rule)
         self.demoting: dict[tuple[str, str], StoredObject] = {}
         self.queued = 0  # payload bytes in self.demoting

@@ -1222,7 +1222,8 @@ def _lock_file(path: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise RuntimeError(f"{path.parent} is in use by another flash store") from None
+        # An OSError, as the directory's other start-up failures (permissions, a full or read-only disk) are.
+        raise OSError(errno.EBUSY, f"{path.parent} is in use by another flash store") from None
     return fd
 
 

@@ -7,9 +7,11 @@ import functools
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,6 +114,25 @@ def test_missing_token_is_a_clear_usage_error(pod: list[Node]) -> None:
     assert result.returncode == admin.EXIT_USAGE and "not a size" in result.stderr
 
 
+def test_no_nodes_and_nothing_at_the_default_is_a_usage_error() -> None:
+    # It used to try 127.0.0.1:9000 silently and exit 1 as if a configured node were down.
+    try:
+        socket.create_connection(("127.0.0.1", 9000), timeout=1.0).close()
+        pytest.skip("a node listens at 127.0.0.1:9000 here: the default would answer")
+    except OSError:
+        pass
+    result = cli("stats")
+    assert result.returncode == admin.EXIT_USAGE, result
+    assert "no nodes given" in result.stderr and admin.ENV_NODES in result.stderr and "--nodes" in result.stderr
+
+
+def test_a_mistyped_option_is_said_first_with_the_one_meant(pod: list[Node]) -> None:
+    result = cli("stats", "--nodess", names(pod))
+    assert result.returncode == admin.EXIT_USAGE
+    assert result.stderr.startswith("ctxstore admin: error: unrecognized arguments: --nodess")
+    assert "did you mean --nodes?" in result.stderr and "usage:" not in result.stderr
+
+
 def test_health_of_every_node(pod: list[Node]) -> None:
     data = cli_json("health", nodes=pod, token=None)  # health needs no token
     assert data["nodes_total"] == data["nodes_live"] == data["nodes_ready"] == 3
@@ -207,6 +228,47 @@ def test_tenant_secret_is_printed_once(pod: list[Node]) -> None:
     assert listing.returncode == 0 and "printed" in listing.stdout and secret not in listing.stdout
 
 
+def test_the_printed_tenants_file_entry_keeps_the_quota_across_a_restart(pod: list[Node], tmp_path: Path) -> None:
+    # Following the CLI's advice: the entry it prints goes into the tenants file. It left the quota out (and a
+    # "quota" added by hand was ignored), so a restarted RAM-only node let the tenant fill the whole node.
+    result = cli("tenants", "create", "capped", "--quota", "1MiB", nodes=pod[:1])
+    assert result.returncode == 0, result.stderr
+    entry = json.loads(next(x for x in result.stdout.splitlines() if x.strip().startswith("{")))
+    assert entry["tenant"] == "capped" and entry["quota"] == MIB
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps([entry]))
+    env = {"CTXSTORE_ADMIN_TOKEN": TOKEN, "CTXSTORE_TENANTS_FILE": str(tenants)}
+    node = start_node(tmp_path, "--memory", "16MiB", env=env)
+    try:
+        for start in range(2):  # a fresh node, then the same node restarted: the file gives the quota each time
+            listed = cli_json("tenants", "list", nodes=[node])
+            assert next(t for t in listed["tenants"] if t["tenant"] == "capped")["quota"] == MIB
+            s3 = make_client(node.endpoint, entry["access_key"], entry["secret_key"])
+            s3.create_bucket(Bucket=f"capped-{start}")
+            for i in range(4):
+                s3.put_object(Bucket=f"capped-{start}", Key=f"k{i}", Body=secrets.token_bytes(400 << 10))
+            held = sum(o["Size"] for o in s3.list_objects_v2(Bucket=f"capped-{start}").get("Contents", []))
+            assert 0 < held <= MIB  # its own oldest blocks went; 1.6 MiB were written
+            if start == 0:
+                node.stop()
+                node = start_node(tmp_path, "--memory", "16MiB", env=env, port=node.port)
+    finally:
+        node.stop()
+
+
+def test_a_tenants_file_field_it_does_not_know_is_refused(tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.json"
+    tenants.write_text(json.dumps([{"tenant": "t", "access_key": "CTXTYPO1", "secret_key": "s" * 32,
+                                    "qouta": "1MiB"}]))
+    node = start_node(tmp_path, wait=False, env={"CTXSTORE_TENANTS_FILE": str(tenants)})
+    try:
+        assert node.proc.wait(20) != 0
+        out = node.log.read_text()  # type: ignore[union-attr]
+        assert "unknown field 'qouta'" in out and "Traceback" not in out, out
+    finally:
+        node.stop()
+
+
 def test_flush_prefix_then_expire(pod: list[Node]) -> None:
     for node in pod:
         s3 = s3_client(node.endpoint)
@@ -246,7 +308,7 @@ def test_settings_set_and_get(pod: list[Node]) -> None:
 
     refused = cli("settings", "set", "default_ttl=30d", nodes=pod)  # over max_ttl (7d): every node refuses
     assert refused.returncode == admin.EXIT_FAILED
-    assert "exceeds max_ttl" in refused.stderr and "failed on every node" in refused.stderr
+    assert "default_ttl 30d exceeds max_ttl 7d" in refused.stderr and "failed on every node" in refused.stderr
     cli_json("settings", "set", "memory=64MiB", "default_ttl=1h", nodes=pod)
 
 

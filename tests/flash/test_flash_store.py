@@ -300,7 +300,7 @@ def test_a_second_store_on_the_same_directory_is_refused(tmp_path: Path) -> None
     async def go() -> None:
         a = small_store(tmp_path)
         await a.open()
-        with pytest.raises(RuntimeError, match="in use"):
+        with pytest.raises(OSError, match="in use"):
             await small_store(tmp_path).open()
         await a.close()
 

@@ -86,6 +86,9 @@ def test_generated_credentials_on_loopback(tmp_path: Path, nodes: list[Node]) ->
     secret = re.search(r"AWS_SECRET_ACCESS_KEY=(\S+)", out)
     assert access and secret, out
     assert "generated" in out.lower()
+    # The status page link carries the admin token generated with them, not a placeholder.
+    token = re.search(r"CTXSTORE_ADMIN_TOKEN=(\S+)", out)
+    assert token and f"/_ctx/v1/admin/status#token={token.group(1)}" in out, out
     client = make_client(node.endpoint, access.group(1), secret.group(1))
     client.create_bucket(Bucket="gen-creds")
     client.put_object(Bucket="gen-creds", Key="k", Body=b"v")
@@ -137,13 +140,46 @@ def test_half_configured_credentials_are_refused() -> None:
     (["--body-timeout", "-1"], "--body-timeout"),
     (["--tls-cert", "/nonexistent.pem"], "--tls-key"),
     (["--no-such-flag"], "--no-such-flag"),
+    (["--memry", "2G"], "did you mean --memory?"),
+    (["--port", "99999"], "--port: not a TCP port (1-65535): '99999'"),  # it bound 99999 mod 65536 before
+    (["--port", "0"], "--port"),
+    (["--max-ttl", "30m"], "default_ttl 1h exceeds --max-ttl 30m"),  # objects silently got 30 min before
+    (["--default-ttl", "8d"], "--default-ttl 8d exceeds max_ttl 7d"),
+    (["--disk", "/nonexistent/ctxstore-flash", "--disk-size", "64MiB"],
+     "--disk-size 64 MiB is too small for --disk-segment-size 64 MiB: the flash tier needs at least 3 segments"),
 ])
 def test_bad_flags_give_clear_errors(args: list[str], needle: str) -> None:
     proc = ctxstore("serve", "--port", str(free_port()), *args,
                     env=clean_env(CTXSTORE_ACCESS_KEY=ACCESS_KEY, CTXSTORE_SECRET_KEY=SECRET_KEY))
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("usage:")
+    # The mistake first, in a line of its own, then where the flags are listed: not the usage block.
+    assert proc.stderr.startswith("ctxstore serve: error: ") and len(proc.stderr.splitlines()) <= 3, proc.stderr
+
+
+def test_a_failed_start_prints_no_banner_and_no_keys(tmp_path: Path, nodes: list[Node]) -> None:
+    # Generated keys printed before a start that fails would send the user to whatever holds the port.
+    flash = tmp_path / "flash"
+    disk = ["--disk", str(flash), "--disk-size", "64MiB", "--disk-segment-size", "4MiB"]
+    first = spawn(tmp_path, *disk, env=clean_env())
+    nodes.append(first)
+    in_use = ctxstore("serve", "--port", str(first.port), env=clean_env())
+    other = ctxstore("serve", "--port", str(free_port()), *disk, env=clean_env())
+    for proc, reason in ((in_use, f"cannot listen on 127.0.0.1:{first.port}: Address already in use"),
+                         (other, f"flash tier: {flash} is in use by another flash store")):
+        out = proc.stdout + proc.stderr
+        assert proc.returncode not in (0, None), out
+        assert reason in out and "Traceback" not in out, out
+        assert [line for line in out.splitlines() if "error" in line.lower() or reason in line] == \
+            [line for line in out.splitlines() if reason in line], out  # one line says why
+        assert "serving" not in out and "AWS_ACCESS_KEY_ID" not in out and "CTXSTORE_ADMIN_TOKEN" not in out, out
+
+
+def test_the_banner_gives_the_budget_as_written_and_in_binary_units(tmp_path: Path, nodes: list[Node]) -> None:
+    node = spawn(tmp_path, "--memory", "2G", "--max-ttl", "30m", "--default-ttl", "30m", env=clean_env())
+    nodes.append(node)
+    out = node.log.read_text()  # type: ignore[union-attr]
+    assert "(budget 2 GB (1.86 GiB), default TTL 30m)" in out, out  # it said "1.86265 GiB" and "1800 s"
 
 
 def test_bad_environment_value_names_the_variable() -> None:
