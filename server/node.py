@@ -26,8 +26,16 @@ class NodeState:
 
     @classmethod
     def create(cls, settings: Settings, tenants: TenantRegistry, engine: Engine | None = None) -> NodeState:
-        return cls(settings=settings, tenants=tenants, engine=engine or Engine(EngineConfig.from_settings(settings)),
+        node = cls(settings=settings, tenants=tenants, engine=engine or Engine(EngineConfig.from_settings(settings)),
                    node_id=settings.node_id or f"{socket.gethostname()}:{settings.port}")
+        node.apply_file_quotas()
+        return node
+
+    def apply_file_quotas(self) -> None:
+        """The tenants file's quotas: at start-up, and again after the flash tier restored the quotas it kept
+        (the file is the configuration; a change made at run time through the admin API lasts until a restart)."""
+        for tenant, quota in self.tenants.quotas.items():
+            self.engine.set_tenant_quota(tenant, quota)
 
     @property
     def admin_token(self) -> str:

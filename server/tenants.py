@@ -11,9 +11,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ctxstore.units import parse_size
+
 from .protocol.signing import Credentials
 
 _ACCESS_KEY = re.compile(r"^[A-Za-z0-9._\-]{3,128}$")
+_FILE_FIELDS = ("tenant", "access_key", "secret_key", "quota")
 
 
 @dataclass
@@ -27,6 +30,7 @@ class TenantRegistry:
 
     def __init__(self) -> None:
         self._keys: dict[str, TenantKey] = {}
+        self.quotas: dict[str, int] = {}  # tenant -> bytes per node, from the tenants file (0: none)
 
     def add(self, tenant: str, access_key: str, secret_key: str) -> Credentials:
         if not _ACCESS_KEY.match(access_key):
@@ -74,7 +78,9 @@ class TenantRegistry:
         return len(self._keys)
 
     def load_file(self, path: str | Path) -> None:
-        """Load ``[{"tenant": ..., "access_key": ..., "secret_key": ...}, ...]``."""
+        """Load ``[{"tenant": ..., "access_key": ..., "secret_key": ..., "quota": ...}, ...]``; ``quota`` (bytes,
+        or a size such as ``"64MiB"``; 0 or absent: none) caps what the tenant holds on this node. A field the
+        file does not know is an error, not ignored: a misspelt quota would leave the tenant uncapped."""
         try:
             entries = json.loads(Path(path).read_text())
         except (OSError, ValueError) as exc:
@@ -83,6 +89,27 @@ class TenantRegistry:
             raise ValueError(f"tenants file {path}: expected a JSON list of objects")
         for i, entry in enumerate(entries):
             try:
-                self.add(str(entry["tenant"]), str(entry["access_key"]), str(entry["secret_key"]))
-            except (KeyError, TypeError, ValueError) as exc:
+                if not isinstance(entry, dict):
+                    raise ValueError("expected an object")
+                unknown = sorted(set(entry) - set(_FILE_FIELDS))
+                if unknown:
+                    raise ValueError(f"unknown field {', '.join(map(repr, unknown))} "
+                                     f"(fields: {', '.join(_FILE_FIELDS)})")
+                tenant = str(entry["tenant"])
+                self.add(tenant, str(entry["access_key"]), str(entry["secret_key"]))
+                if entry.get("quota") is not None:
+                    self._file_quota(tenant, entry["quota"])
+            except KeyError as exc:
+                raise ValueError(f"tenants file {path}, entry {i}: missing field {exc}") from None
+            except (TypeError, ValueError) as exc:
                 raise ValueError(f"tenants file {path}, entry {i}: {exc}") from None
+
+    def _file_quota(self, tenant: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"quota must be a number of bytes or a size such as \"64MiB\", got {value!r}")
+        quota = value if isinstance(value, int) else parse_size(value)
+        if quota < 0:
+            raise ValueError(f"quota must not be negative, got {value!r}")
+        if self.quotas.get(tenant, quota) != quota:
+            raise ValueError(f"tenant {tenant!r} has two different quotas")
+        self.quotas[tenant] = quota
