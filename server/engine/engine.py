@@ -490,6 +490,12 @@ class Engine:
     def upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Upload:
         return self.multipart.get(tenant, bucket_name, key, upload_id)
 
+    def check_part(self, tenant: str, bucket_name: str, key: str, upload_id: str, number: int,
+                   nbytes: int) -> Upload:
+        """The upload, unless a part of ``nbytes`` could never join it (EntityTooLarge: the upload would outgrow
+        the budget or a quota; its parts cannot be evicted). Before the part's body is read."""
+        return self.multipart.check_part(tenant, bucket_name, key, upload_id, number, nbytes)
+
     def completion(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Completion | None:
         """The remembered answer of an upload completed before, so a retried Complete can succeed again."""
         return self.multipart.completion(tenant, bucket_name, key, upload_id)

@@ -80,6 +80,7 @@ class Multipart:
         if old is not None:  # replaced: its bytes are free for the new one
             self._charge(upload, -old.charge)
         try:
+            self._check_fits(upload, len(data))
             self.store.make_state_room(tenant, part.charge)
         except errors.StorageError:
             if old is not None:
@@ -89,6 +90,25 @@ class Multipart:
         upload.parts[number] = part
         self._charge(upload, part.charge)
         return part
+
+    def check_part(self, tenant: str, bucket_name: str, key: str, upload_id: str, number: int,
+                   nbytes: int) -> Upload:
+        """The upload, if a part ``number`` of ``nbytes`` could ever join it (checked before its body is read)."""
+        upload = self.get(tenant, bucket_name, key, upload_id)
+        old = upload.parts.get(number)
+        self._check_fits(upload, nbytes, old.charge if old is not None else 0)
+        return upload
+
+    def _check_fits(self, upload: Upload, nbytes: int, freed_charge: int = 0) -> None:
+        """Parts cannot be evicted: an upload whose parts outgrow the budget or its tenant's quota could never be
+        held, and the room a SlowDown promises would never come. EntityTooLarge, so the client stops retrying.
+        (Their sum may pass the object size limit: a completion may name only some of them.)"""
+        held = upload.charge + upload.charged - freed_charge + nbytes + self.config.part_overhead
+        quota, _ = self.budget.tenant_usage(upload.owner)
+        for cap, what in ((self.budget.limit, "the node's budget"), (quota, "the tenant's quota")):
+            if cap and held > cap:
+                raise errors.EntityTooLarge(f"with this part the upload would hold {held} bytes, more than {what} "
+                                            f"of {cap}; its parts cannot be evicted, so it could never complete")
 
     def _charge(self, upload: Upload, nbytes: int) -> None:
         upload.charged += nbytes

@@ -7,7 +7,7 @@ import base64
 
 from ..protocol.shell import Reply
 from ..protocol.asgi import ascii_int
-from .body import read_upload, read_xml
+from .body import declared_length, read_upload, read_xml
 from .call import Call, xml_response
 from .checksums import ALGORITHMS, Checksum
 from .errors import S3Error
@@ -47,7 +47,9 @@ async def upload_part(call: Call) -> Reply:
     number = _part_number(call)
     upload_id = call.req.query["uploadId"]
     engine = call.engine
-    engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)  # fail before reading the body
+    length = declared_length(call.req, call.auth, call.settings.max_object_size)
+    # Fail before reading the body: no such upload, or one this part would make too large ever to complete.
+    engine.check_part(call.tenant, call.bucket_name, call.object_key, upload_id, number, length or 0)
     body = await read_upload(call, call.engine.config.part_overhead)
     part = engine.put_part(
         call.tenant, call.bucket_name, call.object_key, upload_id, number, body.data, md5=body.md5,

@@ -153,7 +153,9 @@ def markdown() -> str:
         "and `If-Match: <etag>` answer `412 PreconditionFailed` when they fail; both are evaluated "
         "atomically with the write (PutObject, CopyObject, CompleteMultipartUpload).",
         "- When the byte budget is full of pinned blocks or uploads in flight, writes answer `503 SlowDown` with "
-        "`Retry-After`.",
+        "`Retry-After`. A part that would make its own upload hold more than the node's budget (or its tenant's "
+        "quota) answers `400 EntityTooLarge` at once instead: parts are never evicted, so that upload could never "
+        "complete.",
         "- ListMultipartUploads returns at most 1000 uploads, without paging.",
         "",
     ]

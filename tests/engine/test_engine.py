@@ -284,7 +284,7 @@ def test_insufficient_capacity_only_when_everything_left_is_pinned(clock: FakeCl
 
 
 def test_insufficient_capacity_when_budget_is_held_by_parts(clock: FakeClock) -> None:
-    engine = make_engine(clock)
+    engine = make_engine(clock, max_object_size=4500)  # the upload may become one object of 4,200 bytes
     upload = engine.create_upload(T, B, "mp", ttl=None, content_type="x", headers={}, user_meta={})
     data = b"p" * (4200 - engine.state_bytes)  # the upload's own record is charged too
     engine.put_part(T, B, "mp", upload.upload_id, 1, data, md5=hashlib.md5(data).digest(), checksums={})
@@ -296,6 +296,24 @@ def test_insufficient_capacity_when_budget_is_held_by_parts(clock: FakeClock) ->
     assert keys_of(engine) == ["k0"]  # and nothing was evicted for nothing
     engine.abort_upload(T, B, "mp", upload.upload_id)
     assert engine.parts_bytes == 0 and engine.used == 800
+    check_accounting(engine)
+
+
+def test_a_part_that_makes_its_upload_too_large_ever_to_complete_is_refused_for_good(clock: FakeClock) -> None:
+    engine = make_engine(clock, max_object_size=10_000)
+    upload = engine.create_upload(T, B, "mp", ttl=None, content_type="x", headers={}, user_meta={})
+    data = b"p" * 3000
+    engine.put_part(T, B, "mp", upload.upload_id, 1, data, md5=hashlib.md5(data).digest(), checksums={})
+    # 3,000 + 2,500 bytes of parts could never be held by a 5,000-byte budget (parts are never evicted): it was
+    # an InsufficientCapacity (503 SlowDown, retried in vain).
+    with pytest.raises(errors.EntityTooLarge, match="more than the node.s budget of 5000"):
+        engine.check_part(T, B, "mp", upload.upload_id, 2, 2500)
+    more = b"q" * 2500
+    with pytest.raises(errors.EntityTooLarge):
+        engine.put_part(T, B, "mp", upload.upload_id, 2, more, md5=hashlib.md5(more).digest(), checksums={})
+    engine.check_part(T, B, "mp", upload.upload_id, 1, 4900)  # replacing part 1: its bytes are freed
+    engine.check_part(T, B, "mp", upload.upload_id, 2, 1900)
+    assert engine.parts_bytes == 3000
     check_accounting(engine)
 
 
@@ -1597,8 +1615,13 @@ def test_parts_count_against_the_tenant_quota(clock: FakeClock) -> None:
     part = b"p" * 100
     for number in (1, 2):
         engine.put_part(T, B, "mp", upload.upload_id, number, part, md5=hashlib.md5(part).digest(), checksums={})
-    with pytest.raises(errors.InsufficientCapacity):  # a third would pass the quota: nothing of its own to evict
+    # A third would pass the quota with this upload's own parts, which are never evicted: refused for good.
+    with pytest.raises(errors.EntityTooLarge):
         engine.put_part(T, B, "mp", upload.upload_id, 3, part, md5=hashlib.md5(part).digest(), checksums={})
+    # A second upload's part would fit once the first ends: InsufficientCapacity (SlowDown, retry later).
+    other = engine.create_upload(T, B, "mp2", ttl=None, content_type="x", headers={}, user_meta={})
+    with pytest.raises(errors.InsufficientCapacity):
+        engine.put_part(T, B, "mp2", other.upload_id, 1, part, md5=hashlib.md5(part).digest(), checksums={})
     assert keys_of(engine, "theirs", "other") == ["theirs-0"]
     check_accounting(engine)
 

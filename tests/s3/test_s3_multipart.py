@@ -464,10 +464,20 @@ def test_parts_count_against_the_budget_and_abort_releases_them(tight) -> None:
     with pytest.raises(ClientError) as exc:
         tight.put_object(Bucket="tight", Key="obj", Body=io.BytesIO(secrets.token_bytes(100 * KIB)))
     _slow_down(exc)
+    # Another upload's part could fit once this upload ends: retry later.
+    other = tight.create_multipart_upload(Bucket="tight", Key="other")["UploadId"]
+    with pytest.raises(ClientError) as exc:
+        tight.upload_part(Bucket="tight", Key="other", UploadId=other, PartNumber=1,
+                          Body=io.BytesIO(secrets.token_bytes(100 * KIB)))
+    _slow_down(exc)
+    # But this upload's own 280 KiB could never fit a 256 KiB budget: refused for good at once (it was a
+    # SlowDown, retried in vain, before).
     with pytest.raises(ClientError) as exc:
         tight.upload_part(Bucket="tight", Key="mp", UploadId=upload_id, PartNumber=4,
                           Body=io.BytesIO(secrets.token_bytes(100 * KIB)))
-    _slow_down(exc)
+    assert code_of(exc) == ("EntityTooLarge", 400)
+    assert "could never complete" in exc.value.response["Error"]["Message"]
+    tight.abort_multipart_upload(Bucket="tight", Key="other", UploadId=other)
     assert tight.list_objects_v2(Bucket="tight").get("Contents", []) == []
 
     tight.abort_multipart_upload(Bucket="tight", Key="mp", UploadId=upload_id)
