@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
             # mypy checks the server as the folder server/, not under its installed name
             from ctxstore_server.serve import main as serve  # type: ignore[import-not-found,unused-ignore]
         except ImportError as exc:
-            print(f"ctxstore serve needs the server extra: pip install 'ctxstore[server]' ({exc})", file=sys.stderr)
+            print(f"ctxstore serve needs the server extra: pip install '/path/to/ctxstore[server]' from a checkout "
+                  f"({exc})", file=sys.stderr)
             return 2
         code: int = serve(rest)
         return code

@@ -67,7 +67,7 @@ def _console(stderr: bool = False) -> Any:
     try:
         from rich.console import Console
     except ImportError:  # pragma: no cover - rich ships with the cli (admin) extra
-        raise UsageError("tables need rich: pip install 'ctxstore[cli]' (or use --json)") from None
+        raise UsageError("tables need rich: pip install rich (the cli extra), or use --json") from None
     width = None
     stream = sys.stderr if stderr else sys.stdout
     if not stream.isatty() and "COLUMNS" not in os.environ:

