@@ -378,6 +378,8 @@ def serve_shards(settings: Settings, tenants: TenantRegistry, scheme: str, argv:
     last = settings.port + n - 1
     if last > 65535:
         raise SystemExit(f"ctxstore: --workers {n} from port {settings.port} needs ports up to {last}")
+    for port in range(settings.port, last + 1):  # a port in use is one line now, not a shard restarted forever
+        listen_socket(settings.host, port).close()
     env = dict(os.environ)
     if not settings.access_key:  # generated here (or from the tenants file): every shard must accept them
         default = [k.credentials for k in tenants.entries() if k.credentials.tenant == DEFAULT_TENANT]

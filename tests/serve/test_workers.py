@@ -179,6 +179,19 @@ def test_workers_must_be_positive(tmp_path: Path) -> None:
     assert done.returncode == 2 and "--workers" in done.stderr
 
 
+def test_a_shard_port_in_use_is_one_line_and_exit_1() -> None:
+    # It used to start the other shards and restart the one that could not bind, forever.
+    port = free_port_run(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        done = subprocess.run([sys.executable, "-m", "ctxstore_server.serve", "--workers", "2", "--port", str(port)],
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY})
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and f"cannot listen on 127.0.0.1:{port + 1}: Address already in use" in out, out
+    assert "shards on" not in out and "Traceback" not in out, out
+
+
 def test_each_shard_has_its_own_share_of_the_flash_tier(tmp_path: Path) -> None:
     """``--disk D --disk-size S`` with two workers: shard i keeps its flash tier in ``D/shard-i`` with S/2, and
     what each shard demotes comes back from its own directory."""
