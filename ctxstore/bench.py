@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
+from .buckets import broken_rule, path_segment
 from .core import AsyncContextStore, AsyncNamespace, Timeouts
 from .endpoints import parse_endpoints
 from .errors import ContextStoreError
@@ -233,7 +234,9 @@ class Bench:
     async def _s3_on(self, node: Node | None, method: str, key: str | None, body: memoryview | None = None,
                      into: memoryview | None = None, query: str = "") -> Response:
         assert node is not None
-        path = f"/{self.config.namespace}" + (f"/{key}" if key is not None else "")
+        path = "/" + path_segment(self.config.namespace)
+        if key is not None:  # each segment of the key encoded on its own: its slashes stay separators
+            path += "/" + "/".join(path_segment(part) for part in key.split("/"))
         length = len(body) if body is not None else 0
         signed = self.store.signer.headers(method, node.host_header, path, query)
         head = _s3_head(method, node, path + (f"?{query}" if query else ""), length, signed)
@@ -451,6 +454,9 @@ def config_from(args: argparse.Namespace) -> Config:
     nodes = args.nodes or os.environ.get("CTXSTORE_NODES", "")
     if not nodes.strip():
         raise UsageError("no nodes: pass --nodes host:port,... or set CTXSTORE_NODES")
+    rule = broken_rule(args.namespace)
+    if rule is not None:
+        raise UsageError(f"--namespace {args.namespace!r}: an S3 bucket name {rule}")
     ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
     unknown = [o for o in ops if o not in OPS]
     if unknown or not ops:

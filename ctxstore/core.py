@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import xxhash
 
 from . import wire
+from .buckets import check_bucket, path_segment
 from .buffers import Destinations, Target, byte_view
 from .errors import (
     ConfigurationError,
@@ -203,18 +204,18 @@ class AsyncContextStore:
         fields = {k: v for k, v in fingerprint.items() if k in known}
         extra = {k: str(v) for k, v in fingerprint.items() if k not in known}
         fp = Fingerprint(model=model, block_size=block_size, extra=extra, **fields)
-        ns = AsyncNamespace(self, bucket, fp, scheme)
+        ns = AsyncNamespace(self, check_bucket(bucket), fp, scheme)
         if create:
             await self.create_bucket(bucket)
         return ns
 
     async def create_bucket(self, bucket: str) -> None:
         """S3 CreateBucket on every node that is up (re-creating one's own bucket is not an error)."""
-        self._buckets.add(bucket)
+        self._buckets.add(check_bucket(bucket))
         await _gather_all([self._create_on(n, bucket) for n in self.pod.nodes if n.up])
 
     async def _create_on(self, node: Node, bucket: str) -> None:
-        path = f"/{bucket}"
+        path = "/" + path_segment(bucket)
         headers = self.signer.headers("PUT", node.host_header, path)
         head = request_head("PUT", node.host_header, path, headers, 0)
         try:
@@ -315,6 +316,7 @@ class AsyncContextStore:
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
         present block from eviction for that many seconds (a restore is about to follow)."""
+        check_bucket(bucket)
         sizes = [wire.ABSENT] * len(keys)
 
         def place(idx: list[int], result: wire.LookupResponse) -> None:
@@ -332,6 +334,7 @@ class AsyncContextStore:
         """Per key its block's (size, tier), the tier being ``"ram"`` or ``"disk"`` (a node's flash tier), or
         None where missing or its node failed. A node too old to name tiers answers ``"ram"``. ``pin`` as for
         :meth:`lookup_keys`."""
+        check_bucket(bucket)
         found: list[tuple[int, str] | None] = [None] * len(keys)
 
         def place(idx: list[int], result: wire.LookupResponse) -> None:
@@ -365,6 +368,7 @@ class AsyncContextStore:
     async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                        pin: float = 0.0) -> list[Target | None]:
         """Fetch blocks into their destinations; None where missing, failed or corrupt."""
+        check_bucket(bucket)
         views: list[Target | None] = [None] * len(keys)
 
         async def one(node: Node, idx: list[int], lane: int) -> None:
@@ -413,6 +417,7 @@ class AsyncContextStore:
 
     async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
                        ttl: float | None = None, if_absent: bool = True) -> SaveResult:
+        check_bucket(bucket)
         result = SaveResult()
 
         async def one(node: Node, batch: list[int], lane: int) -> None:
@@ -465,6 +470,7 @@ class AsyncContextStore:
         ``out`` is a tensor with a slot per key, a list of per-key tensors, or a :class:`staging.Target` (e.g. a
         paged KV cache). Returns the sizes of the leading blocks that arrived whole and verified, every one of
         them copied by the time this returns; nothing after the first missing one is copied."""
+        check_bucket(bucket)
         if not keys:
             return []
         target, event = staging_module.target_of(staging_module.ready(out), len(keys))
@@ -480,6 +486,7 @@ class AsyncContextStore:
                               ttl: float | None = None) -> SaveResult:
         """Save blocks from device memory through the staging pool, a chunk at a time: ``blocks`` is a tensor
         with a block per row, a list of equally sized tensors, or a :class:`staging.Target`."""
+        check_bucket(bucket)
         if not keys:
             return SaveResult()
         source, event = staging_module.target_of(staging_module.ready(blocks), len(keys), what="blocks")
@@ -499,6 +506,7 @@ class AsyncContextStore:
     async def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                       seconds: float = 0.0) -> int:
         """touch (``ttl``) / pin (``seconds``) / unpin / delete over the pod; returns how many keys were live."""
+        check_bucket(bucket)
         total = 0
 
         async def one(node: Node, idx: list[int], lane: int) -> None:

@@ -60,6 +60,8 @@ from typing import Any
 
 import msgpack
 
+from .buckets import path_segment
+
 VERSION = 1
 PREFIX = "/_ctx/v1/bulk"
 CONTENT_TYPE = "application/vnd.msgpack"  # of every bulk request and response body
@@ -109,8 +111,9 @@ class WireError(ValueError):
 
 
 def path(bucket: str, op: str) -> str:
-    """The request path of ``op`` on ``bucket`` (bucket names need no escaping)."""
-    return f"{PREFIX}/{bucket}/{op}"
+    """The request path of ``op`` on ``bucket``, each segment percent-encoded (a valid bucket name is left as it
+    is; anything else can never reach past its own segment)."""
+    return f"{PREFIX}/{path_segment(bucket)}/{path_segment(op)}"
 
 
 # ---------------------------------------------------------------------------- frames

@@ -7,6 +7,8 @@ import hashlib
 import hmac
 from collections.abc import AsyncGenerator
 
+from ctxstore.buckets import valid_bucket_name  # one table of S3's rules: the client checks the same
+
 from ..engine import StoredObject
 from ..protocol.shell import Reply
 from . import listing
@@ -14,7 +16,6 @@ from .body import read_xml
 from .call import Call, xml_response
 from .checksums import Checksum, parse_content_md5, requested_checksums, verify
 from .errors import S3Error
-from .target import valid_bucket_name
 from .xml import Node, child_text, document, iso8601, parse
 
 MAX_DELETE_KEYS = 1000

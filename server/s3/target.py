@@ -1,9 +1,8 @@
 """Where an S3 request points: bucket and key from the path (path-style) or the Host header (virtual-hosted
-style), decoded once, and S3's rules for bucket names and key lengths."""
+style), decoded once, and S3's rule for key lengths (bucket names: ctxstore.buckets, which the client checks too)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -11,22 +10,7 @@ from .errors import S3Error
 
 SERVICE, BUCKET, OBJECT = "service", "bucket", "object"
 
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
-_IP_LIKE = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$")
 MAX_KEY_BYTES = 1024
-
-
-def valid_bucket_name(name: str) -> bool:
-    """S3's general-purpose bucket naming rules."""
-    return bool(
-        _BUCKET_NAME.match(name)
-        and ".." not in name
-        and ".-" not in name
-        and "-." not in name
-        and not _IP_LIKE.match(name)
-        and not name.startswith(("xn--", "sthree-"))
-        and not name.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3"))
-    )
 
 
 @dataclass(frozen=True)

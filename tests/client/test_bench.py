@@ -148,23 +148,23 @@ def test_failures_are_counted_not_hidden(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, message", [
     ((), "--namespace"),
-    (("--namespace", "b", "--ops", "restore"), "restore reads what save wrote"),
-    (("--namespace", "b", "--ops", "save,fly"), "--ops: fly"),
-    (("--namespace", "b", "--count", "0"), "--count must be positive"),
-    (("--namespace", "b", "--block-size", "lots"), "lots"),
+    (("--namespace", "bench-usage", "--ops", "restore"), "restore reads what save wrote"),
+    (("--namespace", "bench-usage", "--ops", "save,fly"), "--ops: fly"),
+    (("--namespace", "bench-usage", "--count", "0"), "--count must be positive"),
+    (("--namespace", "bench-usage", "--block-size", "lots"), "lots"),
 ])
 def test_usage_errors(pod: list[Node], args: tuple[str, ...], message: str) -> None:
     out = bench(pod, *args)
     assert out.returncode == 2 and message in out.stderr, out.stderr
-    assert all(bucket_on(n, "b") is None for n in pod)
+    assert all(bucket_on(n, "bench-usage") is None for n in pod)
 
 
 def test_no_nodes_or_no_credentials_is_a_usage_error() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTXSTORE_")}
-    out = subprocess.run([COMMAND, "bench", "--namespace", "b"], env=env, capture_output=True, text=True,
+    out = subprocess.run([COMMAND, "bench", "--namespace", "bench-usage"], env=env, capture_output=True, text=True,
                          timeout=60, check=False)
     assert out.returncode == 2 and "CTXSTORE_NODES" in out.stderr
-    out = subprocess.run([COMMAND, "bench", "--namespace", "b", "--nodes", "127.0.0.1:1"], env=env,
+    out = subprocess.run([COMMAND, "bench", "--namespace", "bench-usage", "--nodes", "127.0.0.1:1"], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2 and "CTXSTORE_ACCESS_KEY" in out.stderr
 

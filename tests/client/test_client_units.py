@@ -169,14 +169,14 @@ def test_signer_is_accepted_by_the_server_verifier(method: str, host: str, path:
 
 def test_signer_with_wrong_secret_or_tampered_request_is_rejected() -> None:
     now = time.time()
-    path = wire.path("kv", "get")
+    path = wire.path("kv-a", "get")
     bad = Signer(ACCESS, "not-the-secret-000")
     with pytest.raises(RequestError) as info:
         _verify(bad.headers("POST", "h:1", path, now=now), method="POST", host="h:1", path=path, now=now)
     assert as_s3_error(info.value).code == "SignatureDoesNotMatch"
     good = Signer(ACCESS, SECRET).headers("POST", "h:1", path, now=now)
     with pytest.raises(RequestError):  # signed for another path
-        _verify(good, method="POST", host="h:1", path=wire.path("kv", "put"), now=now)
+        _verify(good, method="POST", host="h:1", path=wire.path("kv-a", "put"), now=now)
     with pytest.raises(RequestError) as info:  # unknown access key
         _verify(Signer("NOSUCHKEY0000", SECRET).headers("POST", "h:1", path, now=now),
                 method="POST", host="h:1", path=path, now=now)
@@ -421,18 +421,18 @@ def _store(port: int, **kwargs: Any) -> AsyncContextStore:
 def test_checksum_mismatch_is_a_counted_miss() -> None:
     def respond(method: str, path: str, body: bytes) -> bytes:
         head, _ = wire.unpack_head(body, wire.ANY_HEAD)
-        assert path == wire.path("kv", "get") and len(head["keys"]) == 4
+        assert path == wire.path("kv-a", "get") and len(head["keys"]) == 4
         return http_200(_get_response(list(BLOCKS), corrupt=2))
 
     async def main() -> None:
         async with FakeNode(respond) as node, _store(node.port) as store:
             keys = [f"{i:032x}" for i in range(4)]
-            views = await store.get_keys("kv", keys, Destinations(None, 4))
+            views = await store.get_keys("kv-a", keys, Destinations(None, 4))
             assert [None if v is None else bytes(v) for v in views] == [BLOCKS[0], BLOCKS[1], None, BLOCKS[3]]
             snap = store.metrics_snapshot()
             assert snap["checksum_failures"] == 1 and snap["bytes_in"] == 3000
 
-            ns = AsyncNamespace(store, "kv", Fingerprint(model="m", block_size=4), "xxh3-128")
+            ns = AsyncNamespace(store, "kv-a", Fingerprint(model="m", block_size=4), "xxh3-128")
             result = await ns.restore(list(range(16)))  # the corrupt block cuts the prefix
             assert result.n_blocks == 2 and result.n_tokens == 8
             assert [bytes(b) for b in result.blocks] == BLOCKS[:2]
@@ -448,7 +448,7 @@ def test_checksum_mismatch_in_strict_mode_raises_integrity_error() -> None:
         async with FakeNode(lambda m, p, b: http_200(_get_response(list(BLOCKS), corrupt=0))) as node:
             async with _store(node.port, strict=True) as store:
                 with pytest.raises(IntegrityError):
-                    await store.get_keys("kv", [f"{i:032x}" for i in range(4)], Destinations(None, 4))
+                    await store.get_keys("kv-a", [f"{i:032x}" for i in range(4)], Destinations(None, 4))
                 assert store.metrics_snapshot()["checksum_failures"] == 1
 
     asyncio.run(main())
@@ -465,12 +465,12 @@ def test_malformed_get_response_degrades_or_raises_protocol_error(bad: bytes) ->
         async with FakeNode(lambda m, p, b: http_200(bad)) as node:
             keys = [f"{i:032x}" for i in range(4)]
             async with _store(node.port) as store:
-                views = await store.get_keys("kv", keys, Destinations(None, 4))
+                views = await store.get_keys("kv-a", keys, Destinations(None, 4))
                 assert views == [None] * 4
                 assert store.metrics_snapshot()["errors"] == 1
             async with _store(node.port, strict=True) as store:
                 with pytest.raises(ProtocolError):
-                    await store.get_keys("kv", keys, Destinations(None, 4))
+                    await store.get_keys("kv-a", keys, Destinations(None, 4))
 
     asyncio.run(main())
 
@@ -487,12 +487,12 @@ def test_lookup_and_counts_against_a_fake_node() -> None:
 
     async def main() -> None:
         async with FakeNode(respond) as node, _store(node.port) as store:
-            ns = AsyncNamespace(store, "kv", Fingerprint(model="m", block_size=4), "xxh3-128")
+            ns = AsyncNamespace(store, "kv-a", Fingerprint(model="m", block_size=4), "xxh3-128")
             assert await ns.lookup(list(range(18))) == 2  # 4 full blocks, a partial one ignored
             assert await ns.lookup([]) == 0
             assert await ns.touch(list(range(12))) == 3
             assert await ns.delete(list(range(3))) == 0  # no full block: no call at all
-            assert [p for _, p in node.requests] == [wire.path("kv", "lookup"), wire.path("kv", "touch")]
+            assert [p for _, p in node.requests] == [wire.path("kv-a", "lookup"), wire.path("kv-a", "touch")]
 
     asyncio.run(main())
 
