@@ -44,7 +44,7 @@ from . import __version__
 from .buckets import broken_rule, path_segment
 from .core import AsyncContextStore, AsyncNamespace, Timeouts
 from .endpoints import parse_endpoints
-from .errors import ContextStoreError
+from .errors import ContextStoreError, s3_error
 from .pod import Node
 from .transport import BytesReader, Response
 from .units import parse_duration, parse_size
@@ -184,9 +184,8 @@ def _s3_head(method: str, node: Node, path: str, length: int, headers: list[tupl
 
 def _s3_error(response: Response) -> str:
     data = bytes(response.reader.data) if isinstance(response.reader, BytesReader) else b""
-    text = data.decode("utf-8", "replace")
-    start, end = text.find("<Code>"), text.find("</Code>")
-    return f"HTTP {response.status} {text[start + 6:end]}" if 0 <= start < end else f"HTTP {response.status}"
+    code = s3_error("", response.status, data).code
+    return f"HTTP {response.status}" if code == "HTTP" else f"HTTP {response.status} {code}"
 
 
 # ---------------------------------------------------------------------------------------------- the run

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +28,9 @@ from .errors import (
     NoSuchBucket,
     NodeUnavailable,
     ProtocolError,
+    ServerError,
     SlowDown,
+    s3_error,
     server_error,
 )
 from .hashing import Fingerprint
@@ -41,6 +44,7 @@ from .transport import BodyReader, Buffer, BytesReader, Response, request_head
 
 
 T = TypeVar("T")
+log = logging.getLogger("ctxstore.client")
 
 #: A node's share of a bulk call is cut into parts for the client's threads, but not below this many bytes
 #: (or keys, when the sizes are not known before the answer): a small restore stays one request on one thread.
@@ -48,6 +52,9 @@ MIN_PART_BYTES = 1 << 20
 MIN_PART_KEYS = 16
 #: A device's staging pool is this many host chunks: all but one being received at a time, one being copied.
 STAGING_CHUNKS = 4
+#: A node's refusals (4xx: wrong credentials, a bucket that is not there) are logged at most this often per node
+#: and error code: a worker with a wrong secret fails every call, and one line a minute says why.
+REFUSAL_LOG_INTERVAL = 60.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,7 @@ class AsyncContextStore:
         self._pod: Pod | None = None
         self._pid = os.getpid()
         self._buckets: set[str] = set()  # created by this store: re-created on a node that restarted empty
+        self._refusals_logged: dict[tuple[str, str], float] = {}  # (node, error code) -> when last logged
         # Bulk gets and puts are spread over this many threads: the calling loop's and threads - 1 more.
         self.threads = default_threads() if threads is None else check_threads(threads)
         self._lanes = Lanes(self.threads, pool_size=pool_size, connect_timeout=self.timeouts.connect,
@@ -227,8 +235,9 @@ class AsyncContextStore:
             return
         if response.status != 200:
             data = response.reader.data if isinstance(response.reader, BytesReader) else b""
-            text = bytes(data).decode("utf-8", "replace")
-            raise server_error(node.name, response.status, _xml_code(text), text[:300])
+            error = s3_error(node.name, response.status, data)
+            self._note_refusal(node, error)
+            raise error
 
     # ------------------------------------------------------------------ one call to one node
 
@@ -282,6 +291,21 @@ class AsyncContextStore:
             raise error
         return response
 
+    def _note_refusal(self, node: Node, error: ContextStoreError) -> None:
+        """A node's 4xx answer: its first line becomes the node's ``last_error`` (metrics_snapshot) and is logged
+        at WARNING, at most once per :data:`REFUSAL_LOG_INTERVAL` per node and code. Unlike a 5xx it does not
+        mark the node down (the node is fine; the call is wrong), so without this it would fail in silence."""
+        if not (isinstance(error, ServerError) and 400 <= error.status < 500):
+            return
+        message = error.message.splitlines()[0] if error.message else ""
+        node.last_error = f"{node.name}: {error.status} {error.code}: {message}"
+        key, now = (node.name, error.code), time.monotonic()
+        last = self._refusals_logged.get(key)
+        if last is None or now - last >= REFUSAL_LOG_INTERVAL:
+            self._refusals_logged[key] = now
+            log.warning("ctxstore node %s refused a call: %s %s: %s (logged at most once a minute per node and "
+                        "error code)", node.name, error.status, error.code, message)
+
     def _degrade(self, exc: ContextStoreError) -> None:
         """A failure on a degradable path: counted, raised only in strict mode."""
         self.metrics.count("errors")
@@ -310,7 +334,9 @@ class AsyncContextStore:
                 response = await self._call(node, bucket, op, head, payloads, reader, lane)
             return decode(response)
         except (ContextStoreError, wire.WireError) as exc:
-            self._degrade(_as_client_error(node, exc))
+            error = _as_client_error(node, exc)
+            self._note_refusal(node, error)
+            self._degrade(error)
             return None
 
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
@@ -732,13 +758,15 @@ class _TrailerRefused(Exception):
 
 
 def _error_of(node: Node, response: Response) -> ContextStoreError:
+    """The error of a non-200 bulk answer: its error frame, else an S3 error document or a plain body (an answer
+    from something in front of the node, or from the node's HTTP layer)."""
     data = bytes(response.reader.data) if isinstance(response.reader, BytesReader) else b""
     try:
         head, _ = wire.unpack_head(data, wire.answer_schema("error", 0))
         err = wire.decode_error(head)
         return server_error(node.name, response.status, err.error, err.message)
     except wire.WireError:
-        return server_error(node.name, response.status, "HTTP", data[:200].decode("utf-8", "replace"))
+        return s3_error(node.name, response.status, data)
 
 
 def _as_client_error(node: Node, exc: Exception) -> ContextStoreError:
@@ -746,8 +774,3 @@ def _as_client_error(node: Node, exc: Exception) -> ContextStoreError:
         return exc
     return ProtocolError(node.name, 200, getattr(exc, "code", "MalformedFrame"), str(exc))
 
-
-def _xml_code(text: str) -> str:
-    start = text.find("<Code>")
-    end = text.find("</Code>")
-    return text[start + 6:end] if 0 <= start < end else "HTTP"
