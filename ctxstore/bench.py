@@ -43,6 +43,7 @@ from typing import Any
 from . import __version__
 from .buckets import broken_rule, path_segment
 from .core import AsyncContextStore, AsyncNamespace, Timeouts
+from .credentials import resolve_credentials
 from .endpoints import parse_endpoints
 from .errors import ContextStoreError, s3_error
 from .pod import Node
@@ -425,11 +426,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load a running ctxstore pod with a worker's credentials and measure it: save, lookup and "
                     "restore of synthetic prompts through the client, S3 PUT and GET. Writes only into "
                     "--namespace and deletes what it wrote afterwards (unless --keep).",
-        epilog="credentials: CTXSTORE_ACCESS_KEY and CTXSTORE_SECRET_KEY (a worker's key pair). exit codes: 0 all "
-               "requests succeeded, 1 some failed, 2 usage error, 130 interrupted. See docs/operations.md.")
+        epilog="credentials: --access-key/--secret-key, else CTXSTORE_ACCESS_KEY and CTXSTORE_SECRET_KEY, else "
+               "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (a worker's key pair). exit codes: 0 all requests "
+               "succeeded, 1 some failed, 2 usage error, 130 interrupted. See docs/operations.md.")
     parser.add_argument("--namespace", required=True, metavar="BUCKET",
                         help="the bucket the bench may write into (required: there is no default)")
     parser.add_argument("--nodes", default=None, help="the pod's nodes, as workers give them [env CTXSTORE_NODES]")
+    parser.add_argument("--access-key", default=None,
+                        help="the key pair's access key [env CTXSTORE_ACCESS_KEY, else AWS_ACCESS_KEY_ID]")
+    parser.add_argument("--secret-key", default=None,
+                        help="its secret [env CTXSTORE_SECRET_KEY, else AWS_SECRET_ACCESS_KEY; the environment is "
+                             "better: arguments show in ps]")
     parser.add_argument("--ops", default=",".join(OPS),
                         help=f"operations to run, in this order [default {','.join(OPS)}]")
     parser.add_argument("--count", type=int, default=256,
@@ -488,9 +495,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from(args)
+        access_key, secret_key = resolve_credentials(args.access_key, args.secret_key,
+                                                     how="pass --access-key and --secret-key")
         display = Display(config, live=not args.quiet, table=not args.json)
         store = AsyncContextStore(
-            config.nodes, timeouts=Timeouts(connect=2.0, read=min(10.0, config.timeout), total=config.timeout),
+            config.nodes, access_key=access_key, secret_key=secret_key,
+            timeouts=Timeouts(connect=2.0, read=min(10.0, config.timeout), total=config.timeout),
             pool_size=max(8, config.concurrency))
     except UsageError as exc:
         print(f"ctxstore bench: {exc}", file=sys.stderr)

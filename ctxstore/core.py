@@ -21,6 +21,7 @@ import xxhash
 from . import wire
 from .buckets import check_bucket, path_segment
 from .buffers import Destinations, Target, byte_view
+from .credentials import resolve_credentials
 from .errors import (
     ConfigurationError,
     ContextStoreError,
@@ -143,13 +144,9 @@ class AsyncContextStore:
         staging_bytes: int = 1 << 30,
     ) -> None:
         nodes = nodes if nodes is not None else os.environ.get("CTXSTORE_NODES")
-        access_key = access_key or os.environ.get("CTXSTORE_ACCESS_KEY")
-        secret_key = secret_key or os.environ.get("CTXSTORE_SECRET_KEY")
         if not nodes:
             raise ConfigurationError("no nodes: pass nodes=... or set CTXSTORE_NODES")
-        if not access_key or not secret_key:
-            raise ConfigurationError(
-                "no credentials: pass access_key/secret_key or set CTXSTORE_ACCESS_KEY/CTXSTORE_SECRET_KEY")
+        access_key, secret_key = resolve_credentials(access_key, secret_key)
         _require_positive("pool_size", pool_size, integer=True)
         _require_positive("probe_interval", probe_interval)
         _require_positive("dns_refresh", dns_refresh, zero=True)  # 0: re-resolve names at every call

@@ -19,8 +19,9 @@ class ContextStore:
     """A pod of ctxstore nodes, for synchronous code (inference workers' usual case).
 
     ``ContextStore(nodes, access_key=..., secret_key=...)``; ``nodes`` is ``"host:port,host:port"``, a list, or a
-    DNS name resolving to every node. Missing arguments come from ``CTXSTORE_NODES``,
-    ``CTXSTORE_ACCESS_KEY`` and ``CTXSTORE_SECRET_KEY``. Other keywords as for :class:`AsyncContextStore`
+    DNS name resolving to every node. Missing arguments come from ``CTXSTORE_NODES`` and
+    ``CTXSTORE_ACCESS_KEY`` / ``CTXSTORE_SECRET_KEY`` (else ``AWS_ACCESS_KEY_ID`` /
+    ``AWS_SECRET_ACCESS_KEY``). Other keywords as for :class:`AsyncContextStore`
     (``threads``: how many threads receive and send a bulk call, this client's loop thread included).
 
     Its loop thread starts at the first call. In a child process forked after that, the first call starts the

@@ -120,7 +120,8 @@ def test_parse_nodes_rejects_bad_input(bad: object) -> None:
 
 
 def test_missing_configuration_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("CTXSTORE_NODES", "CTXSTORE_ACCESS_KEY", "CTXSTORE_SECRET_KEY"):
+    for name in ("CTXSTORE_NODES", "CTXSTORE_ACCESS_KEY", "CTXSTORE_SECRET_KEY", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(ConfigurationError, match="CTXSTORE_NODES"):
         AsyncContextStore(access_key=ACCESS, secret_key=SECRET)
