@@ -437,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--secret-key", default=None,
                         help="its secret [env CTXSTORE_SECRET_KEY, else AWS_SECRET_ACCESS_KEY; the environment is "
                              "better: arguments show in ps]")
+    parser.add_argument("--tls-ca", default=None, metavar="FILE",
+                        help="CA bundle (PEM) that https:// nodes' certificates are checked against [env "
+                             "CTXSTORE_TLS_CA; default the system's CAs]")
     parser.add_argument("--ops", default=",".join(OPS),
                         help=f"operations to run, in this order [default {','.join(OPS)}]")
     parser.add_argument("--count", type=int, default=256,
@@ -499,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      how="pass --access-key and --secret-key")
         display = Display(config, live=not args.quiet, table=not args.json)
         store = AsyncContextStore(
-            config.nodes, access_key=access_key, secret_key=secret_key,
+            config.nodes, access_key=access_key, secret_key=secret_key, tls_ca=args.tls_ca,
             timeouts=Timeouts(connect=2.0, read=min(10.0, config.timeout), total=config.timeout),
             pool_size=max(8, config.concurrency))
     except UsageError as exc:

@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,9 +39,10 @@ from .hashing import Fingerprint
 from . import staging as staging_module
 from .lanes import Lanes, check_threads, default_threads
 from .metrics import Metrics
-from .pod import Node, Pod, expand_dns, is_ip, parse_nodes
+from .pod import Node, Pod, is_ip, parse_pod, resolve
 from .frames import GetReader, TrailedPayloads
 from .sigv4 import Signer
+from .tls import TLS_CA_ENV, client_context
 from .transport import BodyReader, Buffer, BytesReader, Response, request_head
 
 
@@ -142,6 +144,7 @@ class AsyncContextStore:
         threads: int | None = None,
         staging: str = "auto",
         staging_bytes: int = 1 << 30,
+        tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
         nodes = nodes if nodes is not None else os.environ.get("CTXSTORE_NODES")
         if not nodes:
@@ -155,15 +158,17 @@ class AsyncContextStore:
         self.strict = strict
         self.signer = Signer(access_key, secret_key, region)
         self.metrics = Metrics()
-        self._spec = parse_nodes(nodes)
-        self._addresses = expand_dns(self._spec)
+        scheme, self._spec = parse_pod(nodes)
+        self.tls = _tls_of(scheme, tls_ca if tls_ca is not None else os.environ.get(TLS_CA_ENV) or None)
+        self._names = resolve(self._spec)  # every node's address, and the name its certificate is checked for
+        self._addresses = list(self._names)
         # Names (not IP literals) are re-resolved in the background every dns_refresh seconds, so a
         # headless service's pods that come, go or change address are followed.
         self.dns_refresh = dns_refresh
         self._resolved_at = time.monotonic()
         self._resolving: asyncio.Task[None] | None = None
         self._pod_args = dict(pool_size=pool_size, connect_timeout=self.timeouts.connect,
-                              read_timeout=self.timeouts.read, probe_interval=probe_interval)
+                              read_timeout=self.timeouts.read, probe_interval=probe_interval, tls=self.tls)
         self._pod: Pod | None = None
         self._pid = os.getpid()
         self._buckets: set[str] = set()  # created by this store: re-created on a node that restarted empty
@@ -171,7 +176,7 @@ class AsyncContextStore:
         # Bulk gets and puts are spread over this many threads: the calling loop's and threads - 1 more.
         self.threads = default_threads() if threads is None else check_threads(threads)
         self._lanes = Lanes(self.threads, pool_size=pool_size, connect_timeout=self.timeouts.connect,
-                            read_timeout=self.timeouts.read)
+                            read_timeout=self.timeouts.read, tls=self.tls)
         # Tensors on a device (and CPU torch tensors in "host" mode) move through a pool of this many bytes of
         # host chunks per device (staging.py), allocated at first use. 1 GiB: on an H200 a 4 GiB restore into
         # HBM ran at 0.62 of the host-only restore with 256 MiB, 0.82 with 1 GiB, 0.84 with 2 GiB
@@ -188,7 +193,7 @@ class AsyncContextStore:
         # Created lazily: its pools and probes belong to the event loop that first uses them.
         self._own_process()
         if self._pod is None:
-            self._pod = Pod(self._addresses, **self._pod_args)  # type: ignore[arg-type]
+            self._pod = Pod(self._addresses, names=self._names, **self._pod_args)  # type: ignore[arg-type]
         return self._pod
 
     def _own_process(self) -> None:
@@ -262,7 +267,8 @@ class AsyncContextStore:
         try:
             async with asyncio.timeout(self.timeouts.total):
                 if lane:
-                    response = await self._lanes.request(lane, node.host, node.port, request, body, factory)
+                    response = await self._lanes.request(lane, node.host, node.port, request, body, factory,
+                                                         server_hostname=node.tls_name)
                 else:
                     response = await node.pool.request(request, body, factory)
         except TimeoutError:
@@ -551,12 +557,13 @@ class AsyncContextStore:
     async def _refresh_membership(self) -> None:
         try:
             loop = asyncio.get_running_loop()
-            addresses = await loop.run_in_executor(None, expand_dns, self._spec)  # getaddrinfo blocks
+            names = await loop.run_in_executor(None, resolve, self._spec)  # getaddrinfo blocks
+            addresses = list(names)
             if addresses != self._addresses:
                 for gone in set(self._addresses) - set(addresses):
                     self._lanes.forget(*gone)
-                self._addresses = addresses
-                self.pod.update(addresses)
+                self._addresses, self._names = addresses, names
+                self.pod.update(addresses, names)
         finally:
             self._resolved_at = time.monotonic()
             self._resolving = None
@@ -718,6 +725,16 @@ class AsyncNamespace:
         result = await self.save(tokens, blocks, ttl=ttl)
         await self.pin(tokens[:len(blocks) * self.block_size], pin)
         return result
+
+
+def _tls_of(scheme: str, ca: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
+    """The pod's TLS context (``https`` nodes), verifying against ``ca`` or the system's CAs; None for ``http``."""
+    if scheme == "https":
+        return client_context(ca)
+    if ca is not None:
+        raise ConfigurationError(f"a TLS CA bundle is given (tls_ca or {TLS_CA_ENV}) but the nodes are http://: "
+                                 "write them as https://host:port, or drop the bundle")
+    return None
 
 
 def _byte_runs(idx: list[int], sizes: Sequence[int], limit: int) -> list[list[int]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
@@ -151,18 +152,22 @@ class Lanes:
     """Lanes 1..``count - 1`` of a client (lane 0 is the calling loop, not kept here), each with its own
     connection pool per node. A lane's pools are touched only from its own thread."""
 
-    def __init__(self, count: int, *, pool_size: int, connect_timeout: float, read_timeout: float) -> None:
+    def __init__(self, count: int, *, pool_size: int, connect_timeout: float, read_timeout: float,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.count = count
-        self._pool_args = dict(limit=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout)
+        # Every lane's pools connect as lane 0's do: the same TLS context (shared: OpenSSL's are thread-safe).
+        self._pool_args = dict(limit=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout,
+                               tls=tls)
         self._threads = [LoopThread(f"ctxstore-lane-{i}") for i in range(1, count)]
         self._pools: list[dict[tuple[str, int], Pool]] = [{} for _ in range(1, count)]
         self._pid = os.getpid()
         self._closed = False
 
     async def request(self, lane: int, host: str, port: int, head: bytes, body: Sequence[Buffer] | BodyStream,
-                      factory: ReaderFactory) -> Response:
+                      factory: ReaderFactory, *, server_hostname: str | None = None) -> Response:
         """One request to ``host:port`` on lane ``lane`` (1 or more), awaited from the calling loop. If the
-        caller is cancelled, the request is cancelled on its lane and this returns only once it has ended."""
+        caller is cancelled, the request is cancelled on its lane and this returns only once it has ended.
+        ``server_hostname``: the name a TLS node's certificate is checked for (default ``host``)."""
         if self._closed:
             raise NodeUnavailable(f"{host}:{port}", "the client is closed")
         if self._pid != os.getpid():  # a forked child: the parent's pools are not ours to use
@@ -186,7 +191,8 @@ class Lanes:
             try:
                 pool = pools.get((host, port))
                 if pool is None:
-                    pool = pools[(host, port)] = Pool(host, port, **self._pool_args)  # type: ignore[arg-type]
+                    pool = pools[(host, port)] = Pool(host, port, server_hostname=server_hostname,
+                                                      **self._pool_args)  # type: ignore[arg-type]
                 task = lane_loop.create_task(pool.request(head, body, factory))
             except BaseException as exc:  # noqa: BLE001  (the caller must hear of it, never wait for good)
                 _call_soon(caller, failed, exc)

@@ -14,7 +14,8 @@ import asyncio
 import logging
 import random
 import socket
-from collections.abc import Iterable, Sequence
+import ssl
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import xxhash
@@ -31,15 +32,31 @@ _OWNER_CACHE_LIMIT = 1 << 17
 
 def parse_nodes(nodes: str | Sequence[str]) -> list[tuple[str, int]]:
     """``"a:9000,b:9000"`` or ``["http://a:9000", "b"]`` → [(host, port)]; the port defaults to 9000."""
+    return parse_pod(nodes)[1]
+
+
+def parse_pod(nodes: str | Sequence[str]) -> tuple[str, list[tuple[str, int]]]:
+    """The pod's scheme (``http``, the default, or ``https``) and its [(host, port)]. Every node has the same
+    scheme: a pod of some TLS and some plain nodes is a typo that would send blocks in clear."""
     try:
         endpoints = parse_endpoints(nodes)
     except ValueError as exc:
         raise ConfigurationError(f"{exc} (pass nodes=... or set CTXSTORE_NODES)") from None
-    for endpoint in endpoints:
-        if endpoint.scheme != "http":
-            raise ConfigurationError(f"unsupported scheme {endpoint.scheme!r} for {endpoint.url}: the bulk client "
-                                     "speaks http")
-    return [(e.host, e.port) for e in endpoints]
+    schemes = sorted({e.scheme for e in endpoints})
+    if len(schemes) > 1:
+        raise ConfigurationError(f"nodes mix {' and '.join(schemes)}: write every node as https://host:port, or "
+                                 "none")
+    return schemes[0], [(e.host, e.port) for e in endpoints]
+
+
+def resolve(entries: Iterable[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    """:func:`expand_dns` of ``entries``, with the name each address was found under: a TLS node's certificate
+    names the DNS name (a headless service's), not the address it resolved to."""
+    names: dict[tuple[str, int], str] = {}
+    for host, port in entries:
+        for address in expand_dns([(host, port)]):
+            names.setdefault(address, host)
+    return dict(sorted(names.items()))
 
 
 def expand_dns(entries: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -76,6 +93,8 @@ class Node:
     host: str
     port: int
     pool: Pool
+    #: The name the node's TLS certificate is checked for: ``host``, or the DNS name it was resolved from.
+    tls_name: str = ""
     up: bool = True
     failures: int = 0
     last_error: str = ""
@@ -100,18 +119,22 @@ class Pod:
     """The nodes of a pod, rendezvous placement and health tracking."""
 
     def __init__(self, addresses: Sequence[tuple[str, int]], *, pool_size: int, connect_timeout: float,
-                 read_timeout: float, probe_interval: float, max_probe_interval: float = 5.0) -> None:
+                 read_timeout: float, probe_interval: float, max_probe_interval: float = 5.0,
+                 tls: ssl.SSLContext | None = None, names: Mapping[tuple[str, int], str] | None = None) -> None:
         if not addresses:
             raise ConfigurationError("a pod needs at least one node")
-        self._pool_args = dict(limit=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout)
+        self._pool_args = dict(limit=pool_size, connect_timeout=connect_timeout, read_timeout=read_timeout,
+                               tls=tls)
         self.nodes: list[Node] = []
         self.probe_interval = probe_interval
         self.max_probe_interval = max_probe_interval
-        self.update(addresses)
+        self.update(addresses, names)
 
-    def update(self, addresses: Sequence[tuple[str, int]]) -> None:
+    def update(self, addresses: Sequence[tuple[str, int]], names: Mapping[tuple[str, int], str] | None = None
+               ) -> None:
         """New membership (e.g. a headless service re-resolved): known nodes keep their pools and health,
-        new ones start up, departed ones are closed. Only the keys of nodes that came or went move."""
+        new ones start up, departed ones are closed. Only the keys of nodes that came or went move. ``names``:
+        the name each address's TLS certificate is checked for (default: the address)."""
         known = {(n.host, n.port): n for n in self.nodes}
         wanted = sorted(set(addresses))
         for gone in set(known) - set(wanted):
@@ -119,12 +142,14 @@ class Pod:
             if node.probe is not None:
                 node.probe.cancel()
             node.pool.close()
-        self.nodes = [
-            known.get((host, port)) or Node(host, port, Pool(host, port, **self._pool_args))  # type: ignore[arg-type]
-            for host, port in wanted
-        ]
+        self.nodes = [known.get((host, port)) or self._new_node(host, port, (names or {}).get((host, port), host))
+                      for host, port in wanted]
         self._seeds = [n.seed for n in self.nodes]
         self._owner_cache: dict[str, int] = {}
+
+    def _new_node(self, host: str, port: int, tls_name: str) -> Node:
+        pool = Pool(host, port, server_hostname=tls_name, **self._pool_args)  # type: ignore[arg-type]
+        return Node(host, port, pool, tls_name=tls_name)
 
     def owner(self, key: str) -> Node:
         """The node that holds ``key`` (whether it is up or not)."""

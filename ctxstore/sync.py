@@ -19,10 +19,12 @@ class ContextStore:
     """A pod of ctxstore nodes, for synchronous code (inference workers' usual case).
 
     ``ContextStore(nodes, access_key=..., secret_key=...)``; ``nodes`` is ``"host:port,host:port"``, a list, or a
-    DNS name resolving to every node. Missing arguments come from ``CTXSTORE_NODES`` and
-    ``CTXSTORE_ACCESS_KEY`` / ``CTXSTORE_SECRET_KEY`` (else ``AWS_ACCESS_KEY_ID`` /
+    DNS name resolving to every node (``https://host:port`` for nodes serving TLS). Missing arguments come from
+    ``CTXSTORE_NODES`` and ``CTXSTORE_ACCESS_KEY`` / ``CTXSTORE_SECRET_KEY`` (else ``AWS_ACCESS_KEY_ID`` /
     ``AWS_SECRET_ACCESS_KEY``). Other keywords as for :class:`AsyncContextStore`
-    (``threads``: how many threads receive and send a bulk call, this client's loop thread included).
+    (``threads``: how many threads receive and send a bulk call, this client's loop thread included;
+    ``tls_ca``: the PEM bundle of CAs that https nodes' certificates are checked against, default
+    ``CTXSTORE_TLS_CA``, else the system's).
 
     Its loop thread starts at the first call. In a child process forked after that, the first call starts the
     child's own threads and connections (the parent's are left to the parent).

@@ -8,17 +8,21 @@ blocks. aiohttp and urllib3 hand the body over in pieces that must be copied int
 coroutine per node, all nodes concurrently, for both the async and the sync facade.
 
 Scope: exactly what the bulk API needs — one request per connection at a time, ``Content-Length`` bodies
-(the server always sends one), keep-alive pooling per node, connect and read (inactivity) timeouts.
+(the server always sends one), keep-alive pooling per node, connect and read (inactivity) timeouts, plain TCP
+or TLS (the event loop's TLS transport reads the decrypted bytes into the buffers ``get_buffer`` hands it, so
+blocks still land in place).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from . import wire
 from .errors import ContextStoreError, NodeTimeout, NodeUnavailable, ProtocolError
+from .tls import describe_failure
 
 MAX_HEADER_BYTES = 64 << 10
 SINK_BYTES = 64 << 10  # where bytes go that nobody can take (a broken answer being dropped)
@@ -339,19 +343,31 @@ class Connection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         self.reusable = False
-        if self.transport is not None:
+        if self.transport is None:
+            return
+        if self.transport.get_extra_info("ssl_object") is not None:
+            # A TLS close() first trades close_notify with the node: a round trip that a loop being stopped (the
+            # client's close()) never gives it, and the socket would leak. Every answer is framed by its
+            # Content-Length, never by the end of the stream, so the connection is simply dropped.
+            self.transport.abort()
+        else:
             self.transport.close()
 
 
 class Pool:
-    """Keep-alive connections to one node (``host:port``), at most ``limit`` at a time."""
+    """Keep-alive connections to one node (``host:port``), at most ``limit`` at a time. With ``tls`` they are TLS
+    connections whose certificate is checked for ``server_hostname`` (default: ``host``); the connect timeout
+    covers the handshake."""
 
-    def __init__(self, host: str, port: int, *, limit: int, connect_timeout: float, read_timeout: float) -> None:
+    def __init__(self, host: str, port: int, *, limit: int, connect_timeout: float, read_timeout: float,
+                 tls: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
         self.host = host
         self.port = port
         self.name = f"{host}:{port}"
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self.tls = tls
+        self.server_hostname = server_hostname or host
         self._idle: list[Connection] = []
         self._slots = asyncio.Semaphore(limit)
 
@@ -360,9 +376,12 @@ class Pool:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: Connection(self.name, self.read_timeout), self.host, self.port)
+                    lambda: Connection(self.name, self.read_timeout), self.host, self.port, ssl=self.tls,
+                    server_hostname=None if self.tls is None else self.server_hostname)
         except TimeoutError:
             raise NodeTimeout(self.name, f"connect timed out after {self.connect_timeout:g} s") from None
+        except ssl.SSLError as exc:  # before OSError, its base: a certificate the client does not trust
+            raise NodeUnavailable(self.name, describe_failure(exc, self.server_hostname)) from None
         except OSError as exc:
             raise NodeUnavailable(self.name, f"connect failed: {exc.strerror or exc}") from None
         return conn

@@ -450,7 +450,7 @@ def test_sync_store_accepts_every_async_constructor_argument(pod: list[Node]) ->
     params = inspect.signature(AsyncContextStore.__init__).parameters
     kwargs = dict(access_key=ACCESS_KEY, secret_key=SECRET_KEY, region="us-east-1", timeouts=Timeouts(),
                   limits=Limits(), strict=False, pool_size=2, probe_interval=0.5, dns_refresh=30.0, threads=2,
-                  staging="auto", staging_bytes=64 << 20)
+                  staging="auto", staging_bytes=64 << 20, tls_ca=None)
     assert set(kwargs) | {"self", "nodes"} == set(params)
     with ContextStore(endpoints(pod), **kwargs) as s:  # type: ignore[arg-type]
         assert s.threads == 2

@@ -107,12 +107,14 @@ def test_group_keeps_key_order_per_node() -> None:
     (["http://a:1", "b:2", "c"], [("a", 1), ("b", 2), ("c", 9000)]),
     ("[::1]:9005", [("::1", 9005)]),
     ("[::1]", [("::1", 9000)]),
+    ("https://a:9001", [("a", 9001)]),
+    ("https://a:1,https://b", [("a", 1), ("b", 9000)]),
 ])
 def test_parse_nodes_forms(given: object, expected: list[tuple[str, int]]) -> None:
     assert parse_nodes(given) == expected  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("bad", ["", " , ", [], "https://a:9000", "a:port", "a:", "a:99999", "a:0",
+@pytest.mark.parametrize("bad", ["", " , ", [], "https://a:9000,http://b:9000", "a:port", "a:", "a:99999", "a:0",
                                  "ftp://a"])
 def test_parse_nodes_rejects_bad_input(bad: object) -> None:
     with pytest.raises(ConfigurationError):
@@ -502,9 +504,10 @@ def test_membership_follows_dns_and_keeps_known_nodes(monkeypatch: pytest.Monkey
     """A name that resolves to other addresses later (a headless service) is re-resolved in the background:
     known nodes keep their state, new ones join, departed ones leave, and only their keys move."""
     import ctxstore.core as core_mod
+    import ctxstore.pod as pod_mod
 
     answers = [[("10.0.0.1", 9000), ("10.0.0.2", 9000)], [("10.0.0.2", 9000), ("10.0.0.3", 9000)]]
-    monkeypatch.setattr(core_mod, "expand_dns", lambda spec: list(answers[0]))
+    monkeypatch.setattr(pod_mod, "expand_dns", lambda spec: list(answers[0]))
 
     async def scenario() -> None:
         store = core_mod.AsyncContextStore("ctxstore-headless.test:9000", access_key="AK", secret_key="secretsecret",
@@ -513,7 +516,7 @@ def test_membership_follows_dns_and_keeps_known_nodes(monkeypatch: pytest.Monkey
         before = {k: store.pod.owner(k).name for k in keys}
         kept = next(n for n in store.pod.nodes if n.host == "10.0.0.2")
         kept.failures = 7  # state that must survive the refresh
-        monkeypatch.setattr(core_mod, "expand_dns", lambda spec: list(answers[1]))
+        monkeypatch.setattr(pod_mod, "expand_dns", lambda spec: list(answers[1]))
         store._maybe_refresh_membership()
         assert store._resolving is not None
         await store._resolving
