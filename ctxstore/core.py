@@ -639,6 +639,9 @@ class AsyncNamespace:
         self.scheme = scheme
         self.block_size = fingerprint.block_size
 
+    def __repr__(self) -> str:
+        return namespace_repr(type(self).__name__, self.bucket, self.fingerprint, self.scheme)
+
     def block_hashes(self, tokens: Sequence[int]) -> list[str]:
         """Keys of the full blocks of ``tokens`` (a trailing partial block has none)."""
         return self.fingerprint.block_hashes(tokens, self.scheme)
@@ -725,6 +728,13 @@ class AsyncNamespace:
         result = await self.save(tokens, blocks, ttl=ttl)
         await self.pin(tokens[:len(blocks) * self.block_size], pin)
         return result
+
+
+def namespace_repr(kind: str, bucket: str, fingerprint: Fingerprint, scheme: str) -> str:
+    """``kind(bucket=..., model=..., fingerprint=<its first 12 hex digits>, block_size=..., scheme=...)``: enough
+    to tell two namespaces apart in a log, and never a fingerprint's salt."""
+    return (f"{kind}(bucket={bucket!r}, model={fingerprint.model!r}, "
+            f"fingerprint={fingerprint.hexdigest()[:12]!r}, block_size={fingerprint.block_size}, scheme={scheme!r})")
 
 
 def _tls_of(scheme: str, ca: str | os.PathLike[str] | None) -> ssl.SSLContext | None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .buffers import Destinations, Target
-from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult
+from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult, namespace_repr
 from .lanes import LoopThread
 from .staging import ready
 
@@ -101,6 +101,9 @@ class Namespace:
         self.fingerprint = ns.fingerprint
         self.scheme = ns.scheme
         self.block_size = ns.block_size
+
+    def __repr__(self) -> str:
+        return namespace_repr(type(self).__name__, self.bucket, self.fingerprint, self.scheme)
 
     def block_hashes(self, tokens: Sequence[int]) -> list[str]:
         return self._ns.block_hashes(tokens)
