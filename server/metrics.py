@@ -206,6 +206,18 @@ class StoreCollector(Collector):
         ("disk_expirations", "ctxstore_disk_expirations", "Blocks the flash tier dropped because their TTL ran out."),
         ("disk_corrupt", "ctxstore_disk_corrupt", "Flash records that failed verification (answered as misses)."),
         ("disk_compactions", "ctxstore_disk_compactions", "Flash segments compacted."),
+        ("disk_dropped_short_ttl", "ctxstore_disk_dropped_short_ttl",
+         "RAM victims dropped, not demoted: less life left than --disk-min-ttl."),
+        ("disk_dropped_too_large", "ctxstore_disk_dropped_too_large",
+         "RAM victims dropped, not demoted: larger than a flash segment or the demotion queue."),
+        ("disk_dropped_over_share", "ctxstore_disk_dropped_over_share",
+         "RAM victims dropped, not demoted: their tenant's share of the flash tier is full."),
+        ("disk_dropped_not_writing", "ctxstore_disk_dropped_not_writing",
+         "RAM victims dropped, not demoted: the flash tier is not writing (degraded, or the write failed)."),
+        ("disk_write_waits", "ctxstore_disk_write_waits",
+         "Writes that waited for the flash demotion queue to drain (RAM full, queue full)."),
+        ("disk_write_refusals", "ctxstore_disk_write_refusals",
+         "Writes refused with SlowDown after waiting --disk-write-wait for the demotion queue."),
     )
 
     def __init__(self, node: NodeState) -> None:

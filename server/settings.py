@@ -126,8 +126,12 @@ class Settings:
                 "Objects at least this large go to flash right after their write instead of waiting in RAM for "
                 "eviction (if the flash write queue is full, they wait in RAM for their turn). 0: off.")
     disk_queue: int = setting(0, SIZE, "CTXSTORE_DISK_QUEUE",
-                "Bytes of demoted blocks waiting for their flash write (held outside --memory); a victim that finds "
-                "the queue full is dropped. 0: --memory/16, between 8 MiB and 256 MiB.")
+                "Bytes of demoted blocks waiting for their flash write (held outside --memory); a write that needs a "
+                "victim demoted while it is full waits (--disk-write-wait). 0: --memory/16, between 8 MiB and 256 MiB.")
+    disk_write_wait: float = setting(1.0, DURATION, "CTXSTORE_DISK_WRITE_WAIT",
+                "A write that needs a RAM victim demoted while the flash write queue is full waits this long for the "
+                "queue to drain, then is refused (503 SlowDown, a retryable bulk error): victims are never dropped "
+                "for want of queue room.")
     disk_readers: int = setting(4, INT, "CTXSTORE_DISK_READERS",
                 "Threads reading the flash tier (reads never block the event loop).")
     default_ttl: float = setting(3600.0, DURATION, "CTXSTORE_DEFAULT_TTL",

@@ -74,9 +74,10 @@ async def _receive(call: BulkCall, body: BodyReader, blocks: list[Block], *, sha
         if not run:
             return
         if shared:
-            views = _open_run(call, run, same_request=not first)
+            views = await _open_run(call, run, same_request=not first)
         else:
-            views = [block.open(call, same_request=not first or i > 0, whole=True) for i, block in enumerate(run)]
+            views = [await block.open(call, same_request=not first or i > 0, whole=True)
+                     for i, block in enumerate(run)]
         first = False
         await body.read_into_many(views)
         for done in run:
@@ -91,9 +92,9 @@ async def _receive(call: BulkCall, body: BodyReader, blocks: list[Block], *, sha
             continue
         if block.size > RECEIVE_SLICE:
             await finish_run()
-            view = block.open(call, same_request=not first, whole=False)
+            view = await block.open(call, same_request=not first, whole=False)
             first = False
-            await block.receive(body, view)
+            await block.receive(call, body, view)
             continue
         run.append(block)
         run_bytes += block.size
@@ -102,14 +103,15 @@ async def _receive(call: BulkCall, body: BodyReader, blocks: list[Block], *, sha
     await finish_run()
 
 
-def _open_run(call: BulkCall, run: list[Block], *, same_request: bool) -> list[memoryview]:
+async def _open_run(call: BulkCall, run: list[Block], *, same_request: bool) -> list[memoryview]:
     """Buffers for a run of new blocks and one reservation holding all of their room (a reservation each cost
-    a 64 KiB save ~6 µs per block). The commit releases it (or the call's end)."""
+    a 64 KiB save ~6 µs per block). The commit releases it (or the call's end). Room that needs RAM victims
+    demoted while the flash queue is full is waited for (bounded), before the run's bytes are read."""
     reservation = call.engine.reserve_run(call.tenant, call.bucket, sum(b.size for b in run),
                                           sum(b.fixed for b in run), same_request=same_request)
     for block in run:  # before it grows: if no room can be made, the call's end still releases it
         block.reservation, block.shared = reservation, True
-    reservation.grow_all()
+    await call.engine.with_write_room(reservation.grow_all)
     buffers = call.engine.payload_buffers([b.size for b in run])
     return [block.use_buffer(buffer) for block, buffer in zip(run, buffers, strict=True)]
 
@@ -193,21 +195,22 @@ class Block:
         self._buffer = buffer
         return memoryview(buffer)
 
-    def open(self, call: BulkCall, *, same_request: bool, whole: bool) -> memoryview:
+    async def open(self, call: BulkCall, *, same_request: bool, whole: bool) -> memoryview:
         """The block's buffer, and its own reservation holding the fixed charge (``whole``: and the payload's).
-        No room for it (everything left pinned or in flight) fails the whole call with SlowDown: nothing is
-        stored."""
-        self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed, key=self.key,
-                                               same_request=same_request)
-        self.reservation.grow(self.size if whole else 0)
+        No room for it (everything left pinned or in flight, or the flash queue full past --disk-write-wait)
+        fails the whole call with SlowDown: nothing is stored."""
+        reservation = self.reservation = call.engine.reserve(call.tenant, call.bucket, self.size, self.fixed,
+                                                             key=self.key, same_request=same_request)
+        await call.engine.with_write_room(lambda: reservation.grow(self.size if whole else 0))
         return self.take_buffer(call)
 
-    async def receive(self, body: BodyReader, view: memoryview) -> None:
+    async def receive(self, call: BulkCall, body: BodyReader, view: memoryview) -> None:
         """Read a large block into its buffer (from :meth:`open`), its reservation growing as bytes arrive."""
-        assert self.reservation is not None
+        reservation = self.reservation
+        assert reservation is not None
         for start in range(0, self.size, RECEIVE_SLICE):
             end = min(self.size, start + RECEIVE_SLICE)
-            self.reservation.grow(end)
+            await call.engine.with_write_room(lambda: reservation.grow(end))
             await body.read_into(view[start:end])
         self.verify()
 

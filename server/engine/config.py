@@ -39,6 +39,7 @@ class EngineConfig:
     disk_promote: bool = _DEFAULTS.disk_promote
     disk_direct_size: int = _DEFAULTS.disk_direct_size
     disk_queue: int = _DEFAULTS.disk_queue
+    disk_write_wait: float = _DEFAULTS.disk_write_wait
     disk_readers: int = _DEFAULTS.disk_readers
 
     @classmethod
@@ -62,5 +63,6 @@ class EngineConfig:
             disk_promote=settings.disk_promote,
             disk_direct_size=settings.disk_direct_size,
             disk_queue=settings.disk_queue,
+            disk_write_wait=settings.disk_write_wait,
             disk_readers=settings.disk_readers,
         )

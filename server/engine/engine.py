@@ -23,7 +23,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from ..flash import RecoveryReport
 from . import errors
@@ -34,6 +34,8 @@ from .objects import OBJECT_OVERHEAD, Bucket, Completion, Part, Payload, StoredO
 from .operator import Operator
 from .store import BlockWrite, Clock, ObjectStore, RemovalListener, StoreListener
 from .tier import DISK, RAM, DiskListener, FlashTier
+
+T = TypeVar("T")
 
 log = logging.getLogger("ctxstore.engine")
 
@@ -231,6 +233,29 @@ class Engine:
     def check_fits(self, tenant: str, bucket_name: str, nbytes: int, fixed: int = OBJECT_OVERHEAD) -> None:
         """EntityTooLarge unless an object of ``nbytes`` (``fixed`` more once stored) could ever be stored."""
         self.store.check_fits(tenant, bucket_name, nbytes, fixed)
+
+    async def with_write_room(self, attempt: Callable[[], T]) -> T:
+        """``attempt()`` (a reservation opening or growing, before the bytes it holds room for are read), waiting
+        while it needs a RAM victim demoted and the flash write queue is full: backpressure instead of a dropped
+        block. Past ``disk_write_wait`` it raises InsufficientCapacity (503 SlowDown, a retryable bulk error).
+        Reads never come here: a promotion that finds no room sends its block from a transient buffer."""
+        deadline: float | None = None
+        while True:
+            try:
+                return attempt()
+            except errors.FlashQueueFull:
+                tier = self.tier
+                assert tier is not None
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.config.disk_write_wait
+                    tier.counters.write_waits += 1
+                if now >= deadline:
+                    tier.counters.write_refusals += 1
+                    raise errors.InsufficientCapacity(
+                        f"RAM is full and the flash tier's write queue stayed full for {self.config.disk_write_wait:g} "
+                        "s (the device is slower than the writes): retry", retry_after=1.0) from None
+                await tier.queue_progress(deadline - now)
 
     def reserve(self, tenant: str, bucket_name: str, nbytes: int | None, fixed: int = OBJECT_OVERHEAD, *,
                 key: str | None = None, same_request: bool = False) -> Reservation:

@@ -107,6 +107,11 @@ class InsufficientCapacity(StorageError):
         self.retry_after = retry_after
 
 
+class FlashQueueFull(InsufficientCapacity):
+    """Room needs a victim demoted, and the flash tier's write queue is full: the write waits for it to drain
+    (:meth:`Engine.with_write_room`), then is refused (SlowDown). The victim is never dropped for this."""
+
+
 class InvalidPart(StorageError):
     """A part named in CompleteMultipartUpload is missing or its ETag does not match."""
 

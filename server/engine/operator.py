@@ -3,6 +3,7 @@ limits. Operators act across tenants, so buckets are named without a tenant chec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +60,8 @@ class Operator:
         """Bytes a tenant's objects may hold (0 = none); a lower quota evicts its own LRU objects down to it."""
         if quota:
             self.budget.tenant_quota[tenant] = quota
-            self.store.evict_within_tenant(tenant, quota, self.store.clock())
+            with contextlib.suppress(errors.InsufficientCapacity):  # the rest goes as the tenant's writes make room
+                self.store.evict_within_tenant(tenant, quota, self.store.clock())
         else:
             self.budget.tenant_quota.pop(tenant, None)
 
@@ -114,6 +116,8 @@ class Operator:
                 "prefetches": 0,
                 "disk_bytes_read": 0, "disk_bytes_written": 0, "disk_evictions": 0, "disk_expirations": 0,
                 "disk_corrupt": 0, "disk_compactions": 0, "disk_degraded_reason": None, "disk_recovery": None,
+                "disk_dropped_short_ttl": 0, "disk_dropped_too_large": 0, "disk_dropped_over_share": 0,
+                "disk_dropped_not_writing": 0, "disk_write_waits": 0, "disk_write_refusals": 0,
                 "disk_buckets": {}}
 
     def stats(self, reset: bool = False) -> dict[str, Any]:

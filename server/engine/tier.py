@@ -7,13 +7,15 @@ The storage itself (segments, index, recovery) is :mod:`ctxstore_server.flash`; 
 - **Demotion.** An eviction victim with enough life left is handed to the flash writer instead of being dropped.
   It leaves RAM's accounting at once (so the write that needed room proceeds), but stays readable from
   :attr:`FlashTier.demoting` until its write lands. What waits for a write is bounded (``disk_queue``): a victim
-  that finds the queue full is dropped, as without a flash tier. A block that came back from flash unchanged is
-  still on flash: its demotion writes nothing. ``disk_direct_size`` sends large blocks down right after their
+  that finds the queue full stays in RAM and the write that needed its room waits for the queue
+  (:meth:`Engine.with_write_room`, ``disk_write_wait``), then is refused: backpressure, never a dropped block.
+  A block that came back from flash unchanged is still on flash: its demotion writes nothing. ``disk_direct_size`` sends large blocks down right after their
   write; one that finds the queue full stays in RAM and waits its turn, going down as earlier writes land.
 - **Reads.** RAM first, then the demotion queue, then flash (verified by the flash store: header, key and
   payload XXH3; a record that fails is a miss and is dropped). A flash hit is promoted into RAM when the
   policy says so and room can be made; otherwise it is sent from a transient buffer that counts against the
-  budget (as ``sending`` bytes) while its answer is being sent.
+  budget (as ``sending`` bytes) while its answer is being sent. A key already being read (a prefetch, a get,
+  a promotion) is not read again: the reader joins the read in flight (:meth:`FlashTier.read`).
 - **Events.** A demotion is a medium change: the block's RAM copy is announced removed (reason ``demoted``)
   immediately followed by a ``stored`` event with the disk medium, so a consumer that ignores the medium sees
   the key present throughout. Blocks the flash tier drops are ``removed`` with the disk medium.
@@ -30,7 +32,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgpack
@@ -61,6 +63,11 @@ STORED = "stored"
 REMOVED = "removed"
 
 META_VERSION = 1
+# Why a RAM victim may leave without being demoted: too little life left (--disk-min-ttl), larger than a segment
+# or the whole queue, over its tenant's share of flash, or the tier not writing (not open, degraded, a failed
+# write).
+DROP_REASONS = ("short_ttl", "too_large", "over_share", "not_writing")
+QUEUE_FULL = "queue_full"  # not a drop reason: the victim stays in RAM and the write waits
 PREFETCH_TASKS = 4  # prefetches reading from flash at once; more are answered but not started
 PREFETCH_KEYS = 1024  # keys one prefetch read asks the flash store for at a time
 # Direct writes waiting for the demotion queue (keys only: the blocks are in RAM). Beyond this the oldest is
@@ -100,12 +107,40 @@ def decode_meta(data: bytes) -> tuple[str, str, dict[str, str], dict[str, str], 
     return str(etag), str(ctype), dict(headers), dict(user_meta), dict(checksums), int(parts), float(ttl)
 
 
+class _Reading:
+    """One flash read (distinct keys of one bucket), shared by every reader of its keys. It stays joinable
+    until it is done and its last reader has taken its result: a key written or deleted until then is marked
+    stale here, so no reader of it, early or late, is served the older version."""
+
+    __slots__ = ("slots", "stale", "task", "waiters", "with_payload")
+
+    def __init__(self, task: asyncio.Task[list[FlashMeta | None]], slots: list[tuple[str, str]],
+                 with_payload: bool) -> None:
+        self.task = task
+        self.slots = slots  # (bucket, key) per place in the read
+        self.with_payload = with_payload  # False: headers only, which a reader of the payload cannot use
+        self.stale: set[int] = set()  # places of keys written, deleted or dropped since the read began
+        self.waiters = 0  # readers that have not taken their result yet
+
+    def block(self, pos: int) -> FlashMeta | None:
+        """The verified block at ``pos`` of a finished read; None if it was a miss, or the read failed or was
+        cancelled (the node is closing)."""
+        task = self.task
+        if task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()[pos]
+
+
 @dataclass
 class TierCounters:
     """Node-wide counters of the flash tier the engine keeps (the flash store keeps the device's own)."""
 
     prefetches: int = 0  # blocks prefetch started reading from flash
-    dropped_victims: int = 0  # eviction victims not demoted (queue full, too short-lived, over a share, refused)
+    # Eviction victims not demoted, by reason (DROP_REASONS). Never for want of queue room: the write waits.
+    dropped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DROP_REASONS, 0))
+    write_waits: int = 0  # writes that waited for the demotion queue to drain
+    write_refusals: int = 0  # writes refused (SlowDown) after waiting --disk-write-wait for it
+
 
 
 class FlashTier:
@@ -136,13 +171,17 @@ class FlashTier:
         self._batch: list[StoredObject] = []
         self.direct_waiting: OrderedDict[tuple[str, str], None] = OrderedDict()  # (bucket, key), oldest first
         self._flush_handle: asyncio.Handle | None = None
+        self._progress: asyncio.Future[None] | None = None  # resolved when a flash write lands
         self.listeners: list[DiskListener] = []
         self.counters = TierCounters()
         self.recovery: RecoveryReport | None = None
         self.tenant_disk: dict[str, int] = {}  # payload bytes per tenant on flash, refreshed by housekeep()
         self.state_charged = 0  # the flash index's and read buffers' RAM, as last charged to the budget
         self._prefetching = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # (bucket, key) -> the flash read in flight that fetches it and the key's place in it: a reader of a key
+        # being read joins that read instead of reading the record again.
+        self._reading: dict[tuple[str, str], tuple[_Reading, int]] = {}
         self._manifest_task: asyncio.Task[None] | None = None
         self._manifest_dirty = False
         self.manifest_source: Callable[[], dict[str, Any]] | None = None
@@ -187,7 +226,7 @@ class FlashTier:
             for obj in list(bucket.objects.values()):
                 if obj.expired(now) or (obj.on_disk and self.flash.lookup(obj.bucket, obj.key) is not None):
                     continue
-                if not self._may_demote(obj, queue=False):
+                if self._refusal(obj, queue=False) is not None:
                     continue
                 batch.append(FlashRecord(obj.bucket, obj.key, obj.data, obj.expires_at, obj.created,
                                          encode_meta(obj), obj.xxh3))
@@ -265,12 +304,26 @@ class FlashTier:
 
     def refresh(self, stats: FlashStats) -> None:
         """Bring the tenants' flash shares and the charge of the index and the kept read buffers up to date
-        (both live in RAM: they count against ``--memory`` like the records of buckets and uploads)."""
+        (both live in RAM: they count against ``--memory`` like the records of buckets and uploads).
+
+        Room is made for what they grew by, as for any other state, so RAM at rest stays within the budget
+        (charging the buffers that reads handed back to a full node left it over the budget until the next write).
+        The index must be held; the read buffers are a cache: if no room can be made (what is left is pinned,
+        being written or sent), the buffers beyond the room left are given back instead."""
         self._refresh_shares(stats)
+        budget = self.store.budget
         held = stats.index_bytes + stats.buffer_bytes
         delta = held - self.state_charged
+        if delta > 0 and not budget.fits(delta):
+            try:
+                self.store.make_room(delta)
+            except errors.StorageError:
+                room = budget.limit - budget.used + self.state_charged - stats.index_bytes
+                kept = self.flash.trim_buffers(max(0, min(stats.buffer_bytes, room)))
+                held = stats.index_bytes + kept
+                delta = held - self.state_charged
         if delta:
-            self.store.budget.charge(NODE_STATE, delta, "state")
+            budget.charge(NODE_STATE, delta, "state")
             self.state_charged = held
 
     def _refresh_shares(self, stats: FlashStats) -> None:
@@ -317,8 +370,11 @@ class FlashTier:
             self.flash.touch(obj.bucket, obj.key, obj.expires_at)
             self._announce_demoted(obj)
             return True
-        if not self._may_demote(obj):
-            self.counters.dropped_victims += 1
+        refusal = self._refusal(obj)
+        if refusal == QUEUE_FULL:  # kept in RAM: the write that needs its room waits, or is refused
+            raise errors.FlashQueueFull("RAM is full and the flash tier's write queue too")
+        if refusal is not None:
+            self.counters.dropped[refusal] += 1
             return False
         self.demoting[(obj.bucket, obj.key)] = obj
         self.queued += obj.size
@@ -332,7 +388,7 @@ class FlashTier:
         """``disk_direct_size``: demote a large block right after its write instead of when it is evicted. If
         the demotion queue is full (a burst of writes outrunning the device) it stays in RAM, in line behind the
         others waiting, and goes down as earlier writes land (:meth:`_send_waiting`)."""
-        if not obj.live or obj.pinned(self.clock()) or not self._may_demote(obj, queue=False):
+        if not obj.live or obj.pinned(self.clock()) or self._refusal(obj, queue=False) is not None:
             return  # refused for good, not for room: it goes down (or not) when it is evicted
         if not self.direct_waiting and self.queued + obj.size <= self.queue_limit:
             self.store.demote_now(obj)
@@ -361,21 +417,35 @@ class FlashTier:
                 self.store.demote_now(obj)
             waiting.popitem(last=False)  # sent, refused for good, or no longer in RAM
 
-    def _may_demote(self, obj: StoredObject, *, queue: bool = True) -> bool:
+    def _refusal(self, obj: StoredObject, *, queue: bool = True) -> str | None:
+        """Why ``obj`` cannot be demoted now (a DROP_REASONS entry, or QUEUE_FULL), or None if it can."""
         if not self.flash_open or self.flash.degraded is not None:
-            return False
-        if obj.expires_at - self.clock() < self.config.disk_min_ttl or obj.size > self.max_block:
-            return False
-        if obj.size > self.queue_limit:
-            return False  # it could never be queued (a direct write would wait for room for good)
-        if queue and self.queued + obj.size > self.queue_limit:
-            return False
+            return "not_writing"
+        if obj.expires_at - self.clock() < self.config.disk_min_ttl:
+            return "short_ttl"
+        if obj.size > self.max_block or obj.size > self.queue_limit:
+            return "too_large"  # a segment, or the queue, could never take it
         quota = self.store.budget.tenant_quota.get(obj.tenant, 0)
         if quota and self.config.budget:
             share = quota * self.config.disk_size // self.config.budget
             if self.tenant_disk.get(obj.tenant, 0) + self.tenant_queued.get(obj.tenant, 0) + obj.size > share:
-                return False
-        return True
+                return "over_share"
+        if queue and self.queued + obj.size > self.queue_limit:
+            return QUEUE_FULL
+        return None
+
+    async def queue_progress(self, timeout: float) -> None:
+        """Until a flash write lands (the demotion queue shrank) or ``timeout`` passes."""
+        if self._progress is None:
+            self._progress = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._progress), timeout)
+
+    def _wake_writers(self) -> None:
+        if self._progress is not None:
+            if not self._progress.done():
+                self._progress.set_result(None)
+            self._progress = None
 
     def _flush(self) -> None:
         """Hand the victims gathered since the last call to the flash writer, in one append."""
@@ -408,6 +478,7 @@ class FlashTier:
                 self._demotion_failed(obj, result.reason or "refused")
         if self.direct_waiting:
             self._send_waiting()
+        self._wake_writers()
 
     def _unqueue(self, slot: tuple[str, str]) -> StoredObject | None:
         """Take a victim off the demotion queue (written, failed, deleted or replaced)."""
@@ -422,7 +493,7 @@ class FlashTier:
         slot = (obj.bucket, obj.key)
         if self.demoting.get(slot) is obj:
             self._unqueue(slot)
-        self.counters.dropped_victims += 1
+        self.counters.dropped["not_writing"] += 1
         log.debug("flash: %s/%s not demoted (%s)", obj.bucket, obj.key, reason)
         bucket = self.store.buckets.get(obj.bucket)
         if bucket is not None:
@@ -484,6 +555,7 @@ class FlashTier:
         block the flash tier held as removed (None: say nothing, e.g. an overwrite whose new version is
         announced). Returns how many it held."""
         keys = list(keys)
+        self._stale(bucket.name, keys)
         held: list[str] = []
         for key in keys:
             if self._unqueue((bucket.name, key)) is not None:
@@ -508,6 +580,7 @@ class FlashTier:
 
     def drop_bucket(self, name: str) -> int:
         """A bucket deleted or flushed: every block of it on flash goes at once."""
+        self._stale(name, [k for (b, k) in self._reading if b == name])
         for slot in [s for s in self.demoting if s[0] == name]:
             self._unqueue(slot)
         return self.flash.drop_bucket(name) if self.flash_open else 0
@@ -557,40 +630,145 @@ class FlashTier:
     async def read(self, bucket: Bucket, keys: Sequence[str], *, with_payload: bool = True
                    ) -> list[StoredObject | None]:
         """Flash-resident blocks of ``keys`` as objects (None: not on flash, expired, or failed verification),
-        read without blocking the loop. Not recorded as hits, not promoted: see :meth:`promote`."""
+        read without blocking the loop. Not recorded as hits, not promoted: see :meth:`promote`.
+
+        One device read per record: a key another caller is reading already (a prefetch, a get, a promotion)
+        joins that read. The read runs as a task of its own, so a reader that is cancelled (its client went
+        away) cancels nobody else's; a read that fails is a miss for every reader. A key written or deleted
+        while it is being read is dropped from that read (:meth:`_stale`): no reader is served that result,
+        nor joins it later; its readers get the newer version (queued, or read again) or a miss."""
+        out, again = await self._read(bucket, keys, with_payload)
+        if again:  # written while being read, the new version neither in RAM nor queued: flash has it, or none
+            for i, obj in zip(again, (await self._read(bucket, [keys[i] for i in again], with_payload))[0]):
+                out[i] = obj  # written yet again meanwhile: a miss this time
+        return out
+
+    async def _read(self, bucket: Bucket, keys: Sequence[str], with_payload: bool
+                    ) -> tuple[list[StoredObject | None], list[int]]:
+        """:meth:`read` once: the objects, and the places of the keys to read again (stale, see there)."""
         out: list[StoredObject | None] = [None] * len(keys)
-        wanted: list[int] = []
+        again: list[int] = []
+        name = bucket.name
+        joined: list[tuple[int, _Reading, int]] = []  # (place in keys, the read, the key's place in it)
+        fresh: dict[str, int] = {}  # keys to read now -> their place in the new read
+        fresh_at: list[int] = []
         for i, key in enumerate(keys):
-            queued = self.queued_object(bucket.name, key)
+            queued = self.queued_object(name, key)
             if queued is not None:
                 out[i] = queued
+                continue
+            if not self.flash_open:
+                continue
+            shared = self._reading.get((name, key))
+            if shared is not None and (shared[0].with_payload or not with_payload):
+                joined.append((i, *shared))
             else:
-                wanted.append(i)
-        if not wanted or not self.flash_open:
-            return out
-        names = [keys[i] for i in wanted]
-        blocks: Sequence[FlashMeta | FlashBlock | None]
-        if with_payload:
-            blocks = await self.flash.read_many(bucket.name, names)
-        else:
-            blocks = await self.flash.read_meta_many(bucket.name, names)
-        if self.store.buckets.get(bucket.name) is not bucket:  # deleted (and maybe re-created) meanwhile
-            return [None] * len(keys)
-        now = self.clock()
-        for i, block in zip(wanted, blocks):
-            if block is None or block.expires_at <= now:
+                fresh.setdefault(key, len(fresh))
+                fresh_at.append(i)
+        if fresh:
+            reading = self._start_read(bucket, list(fresh), with_payload)
+            joined.extend((i, reading, fresh[keys[i]]) for i in fresh_at)
+        if not joined:
+            return out, again
+        readings = {reading for _, reading, _ in joined}
+        for reading in readings:
+            reading.waiters += 1
+        try:
+            # wait() never cancels what it waits for: a cancelled reader leaves the reads to the others.
+            await asyncio.wait({reading.task for reading in readings})
+            if self.store.buckets.get(name) is not bucket:  # deleted (and maybe re-created) meanwhile
+                return [None] * len(keys), again
+            now = self.clock()
+            for i, reading, pos in joined:
+                if pos in reading.stale:  # written or deleted since the read began
+                    out[i] = self.queued_object(name, keys[i])
+                    ram = bucket.objects.get(keys[i])
+                    if out[i] is None and (ram is None or ram.expired(now)):
+                        again.append(i)
+                    continue
+                block = reading.block(pos)
+                if block is None or block.expires_at <= now:
+                    continue
+                try:
+                    out[i] = self._object(bucket, block, payload=with_payload)
+                except ValueError:  # dropped by the read that found it (_read_shared)
+                    continue
+            return out, again
+        finally:
+            for reading in readings:
+                reading.waiters -= 1
+                if not reading.waiters and reading.task.done():
+                    self._unregister(reading)
+
+    def _start_read(self, bucket: Bucket, names: list[str], with_payload: bool) -> _Reading:
+        """Read ``names`` (distinct keys) from flash in a task of its own, registered so that readers of the
+        same keys join it until it is done."""
+        task = asyncio.get_running_loop().create_task(self._read_shared(bucket, names, with_payload))
+        reading = _Reading(task, [(bucket.name, key) for key in names], with_payload)
+        for pos, slot in enumerate(reading.slots):
+            self._reading[slot] = (reading, pos)
+        self._tasks.add(task)
+
+        def done(_task: object) -> None:
+            self._tasks.discard(task)
+            if not reading.waiters:  # every reader was cancelled
+                self._unregister(reading)
+
+        task.add_done_callback(done)
+        return reading
+
+    def _unregister(self, reading: _Reading) -> None:
+        """A finished read whose readers all have their results: later readers read again."""
+        registry = self._reading
+        for slot in reading.slots:
+            shared = registry.get(slot)
+            if shared is not None and shared[0] is reading:  # not stale, nor taken over by a later read
+                del registry[slot]
+
+    async def _read_shared(self, bucket: Bucket, names: list[str], with_payload: bool
+                           ) -> list[FlashMeta | None]:
+        """The verified blocks (or headers) of ``names``; a read that fails is a miss for every key, and a
+        record whose metadata cannot be decoded is dropped from flash (once, for every reader)."""
+        try:
+            blocks: Sequence[FlashMeta | None]
+            if with_payload:
+                blocks = await self.flash.read_many(bucket.name, names)
+            else:
+                blocks = await self.flash.read_meta_many(bucket.name, names)
+        except Exception:  # the flash store reports device errors itself; whatever else, readers see misses
+            log.exception("flash: a read of %d blocks of %s failed", len(names), bucket.name)
+            return [None] * len(names)
+        out = list(blocks)
+        if self.store.buckets.get(bucket.name) is not bucket:
+            return out  # every reader sees the bucket changed; never delete from a re-created one
+        for pos, block in enumerate(out):
+            if block is None:
                 continue
             try:
-                out[i] = self._object(bucket, block)
+                decode_meta(block.metadata)
             except ValueError as exc:  # verified bytes we cannot decode: never serve them
                 log.warning("flash: %s/%s: %s; dropped", bucket.name, block.key, exc)
                 self.flash.delete(bucket.name, block.key)
+                out[pos] = None
         return out
 
-    def _object(self, bucket: Bucket, block: FlashMeta) -> StoredObject:
+    def _stale(self, name: str, keys: Iterable[str]) -> None:
+        """Keys of bucket ``name`` written, deleted or dropped: a read of them in flight is of an older version,
+        which no reader may be served (and no later reader joins)."""
+        registry = self._reading
+        if not registry:
+            return
+        for key in keys:
+            shared = registry.pop((name, key), None)
+            if shared is not None:
+                shared[0].stale.add(shared[1])
+
+    def _object(self, bucket: Bucket, block: FlashMeta, *, payload: bool = True) -> StoredObject:
+        """A transient object for a verified block (every reader gets its own; the payload is shared).
+        ``payload=False``: metadata only (HEAD, listing), even from a block read whole."""
         etag, ctype, headers, user_meta, checksums, parts, ttl = decode_meta(block.metadata)
-        payload = block.payload if isinstance(block, FlashBlock) else memoryview(b"")
-        obj = StoredObject(bucket=bucket.name, key=block.key, data=payload, etag=etag, xxh3=block.xxh3,
+        data = block.payload if payload and isinstance(block, FlashBlock) else memoryview(b"")
+        obj = StoredObject(bucket=bucket.name, key=block.key, data=data, etag=etag, xxh3=block.xxh3,
                            created=block.created, ttl=ttl, content_type=ctype, headers=headers,
                            user_meta=user_meta, checksums=checksums, parts_count=parts, tenant=bucket.owner)
         obj.size = block.size
@@ -610,12 +788,18 @@ class FlashTier:
             return False
         data = obj.data
         if isinstance(data, memoryview) and data.nbytes != memoryview(data.obj).nbytes:
-            # A view into a coalesced read buffer: copy, so the rest of that buffer is not kept alive.
-            data = bytes(data)
+            # A view into a coalesced read buffer: copy, so the rest of that buffer is not kept alive (it goes
+            # back to the flash store's pool once the reads that share it are sent). The copy goes into a payload
+            # buffer like a write's, not onto the C heap, where freed blocks would leave the heap fragmented.
+            copy = self.store.buffers.take(len(data))
+            copy[:] = data
+            data = copy
+        transient = obj.data
         obj.data = data
         try:
             self.store.admit(bucket, obj)
         except errors.StorageError:
+            obj.data = transient  # sent from the read buffer after all: the copy goes back at once
             return False
         obj.transient = False
         bucket.stats.promotions += 1
@@ -644,8 +828,15 @@ class FlashTier:
     async def _prefetch(self, bucket: Bucket, keys: list[str]) -> None:
         try:
             for start in range(0, len(keys), PREFETCH_KEYS):
-                for obj in await self.read(bucket, keys[start:start + PREFETCH_KEYS]):
-                    if obj is not None and obj.transient and not self.promote(bucket, obj):
+                now = self.clock()
+                # What a get promoted meanwhile is not read again (and what one is reading is joined: read()).
+                chunk = [k for k in keys[start:start + PREFETCH_KEYS]
+                         if (o := bucket.objects.get(k)) is None or o.expired(now)]
+                for obj in await self.read(bucket, chunk) if chunk else []:
+                    if obj is None or not obj.transient or self.promote(bucket, obj):
+                        continue
+                    current = bucket.objects.get(obj.key)
+                    if current is None or current.expired(self.clock()):
                         return  # RAM is full of what is pinned or being written: stop, the restore reads flash
         except Exception:  # a prefetch is advisory: never let it fail loudly
             log.exception("flash: prefetch of %d blocks of %s failed", len(keys), bucket.name)
@@ -696,6 +887,8 @@ class FlashTier:
             "disk_direct_waiting": len(self.direct_waiting),
             "disk_index_bytes": s.index_bytes, "disk_degraded": int(s.degraded is not None),
             "prefetches": self.counters.prefetches, "disk_bytes_read": s.device_bytes_read,
+            **{f"disk_dropped_{reason}": n for reason, n in self.counters.dropped.items()},
+            "disk_write_waits": self.counters.write_waits, "disk_write_refusals": self.counters.write_refusals,
             "disk_bytes_written": s.bytes_written, "disk_evictions": s.evicted, "disk_expirations": s.expired,
             "disk_corrupt": s.corrupt, "disk_compactions": s.compactions,
             "disk_degraded_reason": s.degraded,

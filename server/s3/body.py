@@ -85,7 +85,7 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
         try:
             if view is not None and decoder is None and req.direct is not None:
                 # Below ASGI: the body lands in its buffer as it arrives, each slice hashed where it lies.
-                await _read_direct(req, view, reservation, [md5, payload_hash, *hashers.values()])
+                await _read_direct(call, req, view, reservation, [md5, payload_hash, *hashers.values()])
                 pos = len(view)
                 chunks: AsyncIterator[bytes] = _no_chunks()
             else:
@@ -96,7 +96,7 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
                     end = pos + len(piece)
                     if length is not None and end > length:
                         raise S3Error("IncompleteBody", "The body is longer than the declared length.")
-                    reservation.grow(end)
+                    await call.engine.with_write_room(lambda: reservation.grow(end))  # noqa: B023 (awaited here)
                     if view is not None:
                         view[pos:end] = piece
                     else:
@@ -133,10 +133,11 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
 READ_SLICE = 1 << 20  # the reservation grows by this much before each slice of a body is read
 
 
-async def _read_direct(req: Request, view: memoryview, reservation: Reservation, hashers: list[Any]) -> None:
+async def _read_direct(call: Call, req: Request, view: memoryview, reservation: Reservation,
+                       hashers: list[Any]) -> None:
     for start in range(0, len(view), READ_SLICE):
         piece = view[start:start + READ_SLICE]
-        reservation.grow(start + len(piece))
+        await call.engine.with_write_room(lambda: reservation.grow(start + len(piece)))  # noqa: B023 (awaited here)
         if await req.readinto(piece) != len(piece):
             raise S3Error("IncompleteBody")
         for hasher in hashers:

@@ -66,8 +66,8 @@ def test_three_times_ram_reads_back_byte_for_byte_over_s3_and_bulk(tmp_path: Pat
     try:
         s3 = make_client(node.endpoint)
         s3.create_bucket(Bucket="objects")
-        # Written at the pace of the disk: a victim that finds the demotion queue (8 MiB here) full is dropped
-        # by design (docs/flash.md), and a save over loopback outruns a disk writing ~600 MB/s.
+        # Written at the pace of the disk, so that RAM and flash both hold blocks when the reads start (a save
+        # that outruns the device waits for it: the next test).
         def settled() -> None:
             assert wait_until(lambda: admin.stats()["disk_queued_bytes"] == 0)
 
@@ -117,6 +117,54 @@ def test_three_times_ram_reads_back_byte_for_byte_over_s3_and_bulk(tmp_path: Pat
         assert stats["buckets"]["prompts"]["disk_objects"] > 0
         shown = _admin_stats_cli(node)
         assert "flash tier" in shown and "demoted" in shown and "ok" in shown
+    finally:
+        node.stop()
+
+
+def test_a_save_of_three_times_ram_at_full_speed_keeps_every_acknowledged_block(tmp_path: Path, disk: Path) -> None:
+    # No settling between writes, and a demotion queue of 2 MiB: victims that found the queue full were dropped
+    # while their writes answered "stored", so a prefix saved beyond RAM came back with holes (485 of 768).
+    # Now the writes wait for the device, or are refused (SlowDown) and saved again; none is lost.
+    node = start_probed_node(tmp_path, *flash_args(disk, "--disk-queue", "2MiB", "--disk-write-wait", "5s"))
+    admin = Admin(node)
+    try:
+        s3 = make_client(node.endpoint)
+        s3.create_bucket(Bucket="objects")
+        keys = [f"obj/{i:03d}" for i in range(16)]
+        for key in keys:  # 16 MiB over S3 as fast as boto3 sends them (it retries a SlowDown itself)
+            s3.put_object(Bucket="objects", Key=key, Body=make_payload(key, 0, MiB))
+        store = ContextStore(node.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY, limits=SMALL_CALLS)
+        try:
+            ns = store.namespace("prompts", model="flash-test", block_size=16)
+            n = 512  # 32 MiB of 64 KiB blocks over bulk, in prefix order: 48 MiB against 16 MiB of RAM
+            tokens = list(range(16 * n))
+            blocks = [make_payload(f"block{i}", 0, 64 * KiB) for i in range(n)]
+            hashes = ns.block_hashes(tokens)
+            refused_calls = 0
+            for start in range(0, n, 32):  # 2 MiB per call, no pause
+                for _ in range(20):  # a refused call stores nothing; the client saves it again
+                    result = store.put_keys("prompts", hashes[start:start + 32], blocks[start:start + 32])
+                    if result.stored + result.existed == 32:
+                        break
+                    refused_calls += 1
+                    time.sleep(0.2)
+                else:
+                    raise AssertionError(f"blocks {start}..{start + 31} were never stored")
+            stats = admin.stats()
+            assert stats["evictions"] == 0, "no victim dropped"
+            assert stats["disk_dropped_short_ttl"] == stats["disk_dropped_not_writing"] == 0
+            assert ns.lookup(tokens) == n, "every block of the chain is found: no hole"
+            for start in range(0, n, 64):
+                got = store.get_keys("prompts", hashes[start:start + 64], Destinations(None, 64))
+                assert [bytes(g) if g is not None else None for g in got] == blocks[start:start + 64]
+            for key in keys:
+                assert check_payload(key, s3.get_object(Bucket="objects", Key=key)["Body"].read()) == 0
+        finally:
+            store.close()
+        stats = admin.stats()
+        assert stats["disk_write_waits"] > 0, "the writes did outrun the device and waited for it"
+        print(f"\n[flash] waits {stats['disk_write_waits']}, refusals {stats['disk_write_refusals']}, "
+              f"calls saved again {refused_calls}")
     finally:
         node.stop()
 
