@@ -19,7 +19,7 @@ blocks and objects, and the bucket on the nodes where it created it (``--keep`` 
 
 Output: a live progress display (rich, on stderr) and a table of throughput and latency percentiles (p50, p90,
 p99, max); ``--json`` prints one document instead. rich comes with the ``cli`` extra
-(``pip install 'ctxstore[cli]'``); ``--json`` runs without it.
+(``pip install rich``: the ``cli`` extra); ``--json`` runs without it.
 
 Exit codes: 0 every operation succeeded (misses are not failures); 1 some failed (or cleanup did); 2 usage error;
 130 interrupted (what was written is still cleaned up).
@@ -42,19 +42,20 @@ from typing import Any
 
 from . import __version__
 from .buckets import broken_rule, path_segment
+from .cliargs import ArgumentParser
 from .core import AsyncContextStore, AsyncNamespace, Timeouts
 from .credentials import resolve_credentials
 from .endpoints import parse_endpoints
 from .errors import ContextStoreError, s3_error
 from .pod import Node
 from .transport import BytesReader, Response
-from .units import parse_duration, parse_size
+from .units import parse_duration, parse_size, plural
 
 OPS = ("save", "lookup", "restore", "s3-put", "s3-get")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 S3_PREFIX = "ctxstore-bench"
 MODEL = "ctxstore-bench"  # the namespace fingerprint's model: bench blocks never match a real model's
-INSTALL_RICH = "pip install 'ctxstore[cli]'"
+INSTALL_RICH = "pip install rich (the cli extra)"
 CLEANUP_ATTEMPTS, CLEANUP_PAUSE = 5, 0.5  # a bucket not yet empty after a Ctrl-C: tries, pause between
 # Why an operation ended before --count: OpResult.stopped_by -> what the table says.
 STOPPED = {"count": "--count done", "duration": "--duration reached", "interrupted": "interrupted",
@@ -265,7 +266,8 @@ class Bench:
         result = await self.ns.save(self.tokens(i), self.blocks, ttl=self.config.ttl)
         failed = result.failed > 0
         return Outcome(ok=not failed, nbytes=self.config.prompt_bytes,
-                       error=f"{result.failed} of {self.config.blocks} blocks not stored" if failed else "")
+                       error=f"{result.failed} of {plural(self.config.blocks, 'block')} not stored"
+                       if failed else "")
 
     async def op_lookup(self, i: int, worker: int) -> Outcome:
         assert self.ns is not None
@@ -421,7 +423,7 @@ class Bench:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="ctxstore bench",
         description="Load a running ctxstore pod with a worker's credentials and measure it: save, lookup and "
                     "restore of synthetic prompts through the client, S3 PUT and GET. Writes only into "
@@ -591,8 +593,9 @@ class Display:
         console = Console(stderr=True)
         c = self.config
         nodes = len(parse_endpoints(c.nodes))
-        console.print(f"[bold]ctxstore bench[/] → {nodes} node{'' if nodes == 1 else 's'}, namespace "
-                      f"[bold]{c.namespace}[/]: {c.count:,} prompts × {c.blocks} blocks × {fmt_size(c.block_size)} "
+        console.print(f"[bold]ctxstore bench[/] → {plural(nodes, 'node')}, namespace "
+                      f"[bold]{c.namespace}[/]: {plural(c.count, 'prompt')} × {plural(c.blocks, 'block')} × "
+                      f"{fmt_size(c.block_size)} "
                       f"({fmt_size(c.count * c.prompt_bytes)}), objects of {fmt_size(c.object_size)}; "
                       f"concurrency {c.concurrency}, at most {c.duration:g} s per operation")
         self._progress = Progress(TextColumn("{task.description:<8}"), BarColumn(bar_width=30),
@@ -633,7 +636,7 @@ class Display:
         width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
         console = Console(width=width, highlight=False)
         c = report["config"]
-        table = Table(title=f"ctxstore bench: {len(report['nodes'])} nodes, namespace {c['namespace']}, "
+        table = Table(title=f"ctxstore bench: {plural(len(report['nodes']), 'node')}, namespace {c['namespace']}, "
                             f"concurrency {c['concurrency']}", title_justify="left", box=box.SIMPLE_HEAD,
                       pad_edge=False, collapse_padding=True)
         for name in ("op", "size", "requests", "failed", "s", "req/s", "MB/s", "p50 ms", "p90 ms", "p99 ms",
