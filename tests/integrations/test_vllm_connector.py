@@ -9,8 +9,10 @@ random-weight Llama the test makes on the spot (transformers + tokenizers, nothi
 * vLLM A, with the connector, answers the prompt, its saves are confirmed in the pod, and it is SIGKILLed;
 * vLLM B, started fresh, answers prompt + suffix: the prefix comes from ctxstore (vLLM's own counters say so)
   and B's greedy tokens equal the reference's; then, with the same prompt, two ``cache_salt`` tenants share
-  nothing; then one node, behind a fault-injecting proxy, corrupts a block, hangs, and is SIGKILLed during B's
-  loads: B still answers, recomputing, with the same tokens.
+  nothing; then one node, behind a fault-injecting proxy, serves a corrupt block, hangs, and is SIGKILLed during
+  B's loads: B still answers, recomputing, with the same tokens. The connector's counters say what vLLM really
+  reused (up to the first failed block), and the corrupt block B recomputed is saved again: the next request
+  restores the whole prefix.
 
 The pod's nodes have a flash tier that takes every block straight to flash (``--disk-direct-size 1``), so B's
 lookups find the prefix on flash and the connector's prefetch has the nodes bring it into RAM ahead of the load.
@@ -24,8 +26,10 @@ import asyncio
 import json
 import os
 import random
+import re
 import secrets
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -34,6 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
 from support.nodes import serving
@@ -67,6 +72,8 @@ SUFFIX = 60
 MAX_TOKENS = 12
 MODEL_ID = "ctxstore-test/tiny-llama"  # the namespace's model id (the model's folder changes per run)
 ANSWER = "DRIVER "
+# vLLM's scheduler, after a load error under kv_load_failure_policy "recompute": how many tokens it recomputes.
+RECOVERED = re.compile(r"Recovered from KV load failure: \d+ request\(s\) rescheduled \((\d+) tokens affected\)")
 
 
 class VllmProcess:
@@ -84,6 +91,7 @@ class VllmProcess:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._out, start_new_session=True)
         self._lines: list[str] = []
+        self.recomputed: list[int] = []  # vLLM's own word, one entry per load failure it recovered from
         self._cond = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()
         self.ready: dict[str, Any] | None = None
@@ -94,6 +102,10 @@ class VllmProcess:
             line = raw.decode("utf-8", "replace")
             if not self._out.closed:
                 self._out.write(raw)
+            recovered = RECOVERED.search(line)
+            if recovered:  # logged by the engine core before the request's answer comes
+                with self._cond:
+                    self.recomputed.append(int(recovered.group(1)))
             if line.startswith(ANSWER):
                 with self._cond:
                     self._lines.append(line[len(ANSWER):])
@@ -144,14 +156,21 @@ class VllmProcess:
 
 class FaultProxy:
     """A TCP proxy in front of one real node that passes every request through, except bulk ``get`` calls,
-    which it can corrupt (one payload byte flipped: a checksum failure), hang (never answered), or turn into a
-    node death (``on_get`` runs first, e.g. SIGKILLs the node, then the call goes through to whatever is left)."""
+    which it can corrupt, hang (never answered), or turn into a node death (``on_get`` runs first, e.g. SIGKILLs
+    the node, then the call goes through to whatever is left).
+
+    ``corrupt`` stands for a node whose copy of a block went bad: the last block of each ``get`` answer in that
+    mode joins ``bad``, and from then on, whatever the mode, every answer carries those blocks with a payload
+    byte flipped (a checksum failure), until a ``put`` through the proxy stores the key again (``exists``, a
+    put that left the old copy in place, does not mend it)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream = upstream_port
         self.mode = "pass"
         self.on_get: Callable[[], None] | None = None
         self.gets = 0
+        self.bad: set[str] = set()
+        self.spoiled = 0  # payloads sent with a flipped byte
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
         self.port = 0
@@ -182,7 +201,8 @@ class FaultProxy:
         try:
             while True:
                 first, head, body = await self._read_message(reader)
-                is_get = first.split(b" ")[1].endswith(b"/get")
+                op = first.split(b" ")[1].rsplit(b"/", 1)[-1]
+                is_get = op == b"get"
                 mode = self.mode if is_get else "pass"
                 if is_get:
                     self.gets += 1
@@ -195,9 +215,13 @@ class FaultProxy:
                     up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream)
                 up_writer.write(head + body)
                 await up_writer.drain()
-                _, rhead, rbody = await self._read_message(up_reader)
-                if mode == "corrupt" and rbody:
-                    rbody = rbody[:-1] + bytes([rbody[-1] ^ 0xFF])  # the last byte of the last payload
+                status, rhead, rbody = await self._read_message(up_reader)
+                if b" 200 " in status + b" " and op in (b"get", b"put"):
+                    keys = _frame(body)[0]["keys"]
+                    if is_get:
+                        rbody = self._spoil(keys, rbody, rot=mode == "corrupt")
+                    else:
+                        self.bad -= {k for k, r in zip(keys, _frame(rbody)[0]["results"]) if r == "stored"}
                 writer.write(rhead + rbody)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -206,6 +230,20 @@ class FaultProxy:
             writer.close()
             if up_writer is not None:
                 up_writer.close()
+
+    def _spoil(self, keys: list[str], answer: bytes, *, rot: bool) -> bytes:
+        """The get answer with the last byte of every bad block's payload flipped."""
+        head, offset = _frame(answer)
+        present = [(key, size) for key, size in zip(keys, head["sizes"]) if size > 0]
+        if rot and present:
+            self.bad.add(present[-1][0])
+        out = bytearray(answer)
+        for key, size in present:  # the payloads follow the head, present blocks only, in key order
+            if key in self.bad:
+                out[offset + size - 1] ^= 0xFF
+                self.spoiled += 1
+            offset += size
+        return bytes(out)
 
     def close(self) -> None:
         async def stop() -> None:
@@ -217,6 +255,12 @@ class FaultProxy:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+
+
+def _frame(body: bytes) -> tuple[dict[str, Any], int]:
+    """A bulk frame's head (``u32 length ‖ msgpack``) and where its payloads start."""
+    (length,) = struct.unpack_from(">I", body)
+    return msgpack.unpackb(body[4:4 + length], strict_map_key=False), 4 + length
 
 
 @pytest.fixture(scope="module")
@@ -343,16 +387,44 @@ def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxie
         on_node = len(objects(pod[2], bucket))
         assert on_node > 0, placed  # rendezvous over 3 nodes: P(none of 16 blocks there) < 0.2 %
         before = again
+        reuse: dict[str, tuple[int, int, int]] = {}  # mode -> tokens vLLM took, reused, the connector counted
         for mode in ("corrupt", "hang", "kill"):
             proxy.mode = mode
             proxy.on_get = (lambda: (pod[2].proc.kill(), pod[2].proc.wait())) if mode == "kill" else None
-            gets = proxy.gets
+            gets, recoveries, prior = proxy.gets, len(b.recomputed), before
             answer = b.generate(request)
             assert answer["tokens"] == expected, mode
             assert proxy.gets > gets, mode  # the load did go to the faulty node
             assert delta(answer, before, "ctxstore_load_errors") > 0, mode
-            assert delta(answer, before, "ctxstore_hit_tokens") > 0, mode  # the lookup had found it all
+            # What vLLM reused: the tokens it took from the connector at admission (its own counter, which it
+            # does not correct afterwards) less those it then recomputed from the first failed block on (its
+            # own log line). The connector's counters say exactly that, not what the lookup had promised.
+            taken = delta(answer, before, "external_prefix_cache_hits")
+            assert taken == PROMPT_BLOCKS * BLOCK, mode  # the lookup had found it all
+            assert len(b.recomputed) == recoveries + 1, mode
+            reused = taken - b.recomputed[-1]
+            counted = delta(answer, before, "ctxstore_hit_tokens")
+            reuse[mode] = (int(taken), int(reused), int(counted))
+            assert counted == reused, f"{mode}: vLLM reused {reused:.0f} tokens, the connector counted {counted:.0f}"
+            assert delta(answer, before, "ctxstore_loaded_blocks") == reused // BLOCK, mode
             before = answer
+            if mode == "corrupt":
+                # The node's copy is bad: only a save of the block B recomputed can mend it (a later request
+                # would find the key, fail on it and recompute it again, forever). B saves it again, in place of
+                # the bad copy; the next request, with no fault added, restores the whole prefix.
+                assert proxy.spoiled > 0  # (the save may have mended it already)
+                deadline = time.monotonic() + 15
+                while proxy.bad and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                assert not proxy.bad, "the recomputed block was not saved again: the node keeps its bad copy"
+                proxy.mode = "pass"
+                mended = b.generate(request)
+                assert mended["tokens"] == expected
+                assert delta(mended, prior, "ctxstore_resaved_blocks") >= 1
+                assert delta(mended, before, "ctxstore_hit_tokens") == PROMPT_BLOCKS * BLOCK
+                assert delta(mended, before, "ctxstore_loaded_blocks") == PROMPT_BLOCKS
+                assert delta(mended, before, "ctxstore_load_errors") == 0
+                before = mended
             if mode == "hang":  # let the client's probe find the node up again before it is killed
                 proxy.mode = "pass"
                 deadline = time.monotonic() + 30
@@ -373,3 +445,6 @@ def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxie
     with capsys.disabled():
         print(f"\n[vLLM] {len(request)}-token request, {PROMPT_BLOCKS} blocks restored from ctxstore; "
               f"blocks per node {placed}; test {time.monotonic() - started:.0f} s")
+        for mode, (taken, reused, counted) in reuse.items():
+            print(f"[vLLM] {mode}: vLLM took {taken} tokens from the connector, reused {reused}; "
+                  f"the connector counted {counted}")

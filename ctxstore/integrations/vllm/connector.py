@@ -17,10 +17,13 @@ Worker side
     block (:class:`ctxstore.buffers.Scatter`) — or, for a cache on a GPU, through the client's staging pool
     (pinned chunks, one copy per chunk, an ``index_copy_`` per layer on the device; :class:`.layout.PagedTarget`),
     the load complete before the forward pass; every block that did not arrive whole and verified goes to
-    ``get_block_ids_with_load_errors`` and vLLM recomputes it. ``wait_for_save`` copies the step's new blocks out
-    of the cache (one gather per layer, on the cache's device) and sends them with bulk ``put`` in the
-    background (from a GPU through the staging pool); ``request_finished`` keeps a request's blocks until its
-    saves are acknowledged (``get_finished``).
+    ``get_block_ids_with_load_errors`` and vLLM recomputes from the first such block on. The worker tells the
+    scheduler how many leading blocks of each load arrived (:class:`CtxStoreWorkerMetadata`): the scheduler counts
+    only those as hits, and saves the failed blocks again once vLLM recomputed them, in place of the stored copy
+    that failed (it may be bad on its node, and a put leaves an existing key alone). ``wait_for_save`` copies the
+    step's new blocks out of the cache (one gather per layer, on the cache's device) and sends them with bulk
+    ``put`` in the background (from a GPU through the staging pool); ``request_finished`` keeps a request's
+    blocks until its saves are acknowledged (``get_finished``).
 
 Failures never reach vLLM: every client call is bounded by the configured timeouts (plus a hard deadline, after
 which the call is cancelled and its connections closed, so nothing writes into the cache afterwards), and any
@@ -45,12 +48,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 from vllm.logger import init_logger
 
 from ...buffers import Destinations, Scatter, byte_view
-from ...core import AsyncContextStore, Limits, Timeouts
+from ...core import AsyncContextStore, Limits, SaveResult, Timeouts
 from ...errors import ConfigurationError
 from ...staging import ready
 from ...wire import ABSENT
@@ -71,9 +75,10 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["ConnectorConfig", "CtxStoreConnector", "CtxStoreConnectorMetadata"]
+__all__ = ["ConnectorConfig", "CtxStoreConnector", "CtxStoreConnectorMetadata", "CtxStoreWorkerMetadata"]
 
 log = init_logger("vllm.ctxstore")  # under "vllm": vLLM configures that logger tree
 T = TypeVar("T")
@@ -175,6 +180,7 @@ class _Transfer:
     block_ids: list[int]
     block_hashes: list[bytes]
     cache_salt: str | None
+    replace: bool = False  # a save of blocks whose stored copies failed to load: delete those first
 
 
 @dataclass
@@ -186,11 +192,36 @@ class CtxStoreConnectorMetadata(KVConnectorMetadata):
 
 
 @dataclass
+class CtxStoreWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker → scheduler, per step: for each request whose blocks the step loaded, how many of its leading
+    blocks arrived whole and verified. vLLM recomputes from the first block that failed on any rank, so the
+    ranks' reports aggregate by the minimum."""
+
+    loaded: dict[str, int] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        assert isinstance(other, CtxStoreWorkerMetadata)
+        for req_id, n in other.loaded.items():
+            self.loaded[req_id] = min(n, self.loaded.get(req_id, n))
+        return self
+
+
+@dataclass
 class _Lookup:
     future: concurrent.futures.Future[list[int]] | None
     n_blocks: int
     started: float
     prefix: int | None = None  # blocks present on every rank, once known
+
+
+@dataclass
+class _Load:
+    """A load handed to the workers, until they say how much of it arrived."""
+
+    first: int  # the request's block index of block_ids[0]
+    block_ids: list[int]
+    skip_tokens: int  # tokens of the first block that vLLM already held
+    tokens: int  # the external tokens vLLM was promised
 
 
 @dataclass
@@ -200,6 +231,8 @@ class _RequestState:
     saved_upto: int = 0  # blocks [0, saved_upto) are in ctxstore or scheduled for saving
     saves_scheduled: bool = False
     local_tokens: int = 0  # what vLLM itself held when the load was decided
+    load: _Load | None = None
+    resave: list[int] = field(default_factory=list)  # block indexes whose stored copy failed to load
 
 
 # ---------------------------------------------------------------------------------------------- connector
@@ -236,6 +269,7 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._tp_rank, self._pp_rank = _ranks() if role == KVConnectorRole.WORKER else (0, 0)
         self._lock = threading.Lock()
         self._load_errors: set[int] = set()
+        self._loaded: dict[str, int] = {}  # this step's loads: req_id -> leading blocks that arrived
         self._pending_saves: dict[str, int] = {}  # req_id -> puts in flight
         self._saving: set[str] = set()  # requests with save state on this worker
         self._finished: set[str] = set()  # of those, finished by the scheduler (blocks held for us)
@@ -362,24 +396,53 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         state = self._requests.get(request.request_id)
         if state is None or num_external_tokens <= 0:
             return
+        first = state.local_tokens // self.block_size
+        last = (state.local_tokens + num_external_tokens) // self.block_size
+        block_ids = list(blocks.get_block_ids()[0][first:last])
+        # Counted once the workers report how much of it arrived (update_connector_output).
+        state.load = _Load(first, block_ids, state.local_tokens - first * self.block_size, num_external_tokens)
         try:
-            self._plan_load(request, state, blocks, num_external_tokens)
+            hashes = list(request.block_hashes[first:last])
         except Exception as exc:  # noqa: BLE001
             # vLLM now counts those tokens as computed: the blocks must come back as load errors (recomputed).
             log.warning("ctxstore: load not planned: %s", exc)
-            first = state.local_tokens // self.block_size
-            last = (state.local_tokens + num_external_tokens) // self.block_size
-            self._loads.append(_Transfer(request.request_id, list(blocks.get_block_ids()[0][first:last]), [], None))
-
-    def _plan_load(self, request: Request, state: _RequestState, blocks: KVCacheBlocks,
-                   num_external_tokens: int) -> None:
-        first = state.local_tokens // self.block_size
-        last = (state.local_tokens + num_external_tokens) // self.block_size
-        block_ids = blocks.get_block_ids()[0]
-        self._loads.append(_Transfer(request.request_id, list(block_ids[first:last]),
-                                     list(request.block_hashes[first:last]), request.cache_salt))
-        self.stats.add("hit_tokens", num_external_tokens)
+            hashes = []
+        self._loads.append(_Transfer(request.request_id, block_ids, hashes, request.cache_salt))
         state.saved_upto = max(state.saved_upto, last)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if not isinstance(meta, CtxStoreWorkerMetadata):
+            return
+        for req_id, loaded in meta.loaded.items():
+            state = self._requests.get(req_id)
+            if state is None or state.load is None:
+                continue
+            try:
+                self._settle_load(state, state.load, loaded, connector_output.invalid_block_ids)
+            except Exception as exc:  # noqa: BLE001  (nothing from the data path reaches the scheduler)
+                log.warning("ctxstore: load outcome not recorded: %s", exc)
+            state.load = None
+
+    def _settle_load(self, state: _RequestState, load: _Load, loaded: int, invalid: set[int]) -> None:
+        """Count what vLLM reuses of a load: up to its first block that failed on any rank (vLLM recomputes
+        from there, the blocks after it included). The failed blocks are saved again once recomputed."""
+        n = len(load.block_ids)
+        loaded = max(0, min(loaded, n))
+        self.stats.add("hit_tokens", min(load.tokens, max(0, loaded * self.block_size - load.skip_tokens)))
+        objects = loaded * self.keyspace.tp_size * self.keyspace.pp_size  # every rank loads its own
+        self.stats.add("loaded_blocks", objects)
+        self.stats.add("loaded_bytes", objects * self.keyspace.block_bytes)
+        if loaded == n:
+            return
+        first_failed = load.first + loaded
+        if state.lookup is not None and state.lookup.prefix is not None:
+            state.lookup.prefix = min(state.lookup.prefix, first_failed)  # a preempted request asks again
+        # The blocks after the first failed one that arrived on every rank are stored and sound.
+        failed = [load.first + i for i in range(loaded, n) if load.block_ids[i] in invalid]
+        for index in failed or range(first_failed, load.first + n):
+            if index not in state.resave:
+                state.resave.append(index)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = CtxStoreConnectorMetadata(loads=self._loads)
@@ -390,33 +453,40 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
             computed.update(zip(cached.req_ids, cached.num_computed_tokens))
             for req_id, n_computed in computed.items():
                 try:
-                    transfer = self._new_full_blocks(
+                    meta.saves += self._new_full_blocks(
                         req_id, n_computed + scheduler_output.num_scheduled_tokens.get(req_id, 0))
                 except Exception as exc:  # noqa: BLE001  (a save not made is a future miss)
                     log.warning("ctxstore: save not planned: %s", exc)
-                    continue
-                if transfer is not None:
-                    meta.saves.append(transfer)
         return meta
 
-    def _new_full_blocks(self, req_id: str, n_tokens: int) -> _Transfer | None:
-        """The blocks of ``req_id`` that become full this step, have a hash, and are not in ctxstore yet."""
+    def _new_full_blocks(self, req_id: str, n_tokens: int) -> list[_Transfer]:
+        """The blocks of ``req_id`` that are full once this step ran, have a hash, and are not in ctxstore yet;
+        and those whose stored copy failed to load and that vLLM recomputed by then (to replace that copy)."""
         state = self._requests.get(req_id)
         if state is None:
-            return None
+            return []
         request = state.request
         limit = n_tokens if self.config.save_decode else min(n_tokens, request.num_prompt_tokens)
-        if state.lookup is not None and state.lookup.prefix:
-            state.saved_upto = max(state.saved_upto, state.lookup.prefix)  # found: already there
         end = min(limit // self.block_size, len(request.block_hashes))
-        if end <= state.saved_upto:
-            return None
+        transfers: list[_Transfer] = []
         assert self._kv_cache_manager is not None
         block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]
-        start, state.saved_upto = state.saved_upto, end
-        state.saves_scheduled = True
-        return _Transfer(req_id, list(block_ids[start:end]), list(request.block_hashes[start:end]),
-                         request.cache_salt)
+        # A failed load is reported (update_connector_output) before vLLM schedules its recompute, which starts
+        # at the first failed block: a failed block below ``end`` holds recomputed KV once this step ran.
+        recomputed = [i for i in state.resave if i < end]
+        if recomputed:
+            state.resave = [i for i in state.resave if i >= end]
+            transfers.append(_Transfer(req_id, [block_ids[i] for i in recomputed],
+                                       [request.block_hashes[i] for i in recomputed], request.cache_salt,
+                                       replace=True))
+        if state.lookup is not None and state.lookup.prefix:
+            state.saved_upto = max(state.saved_upto, state.lookup.prefix)  # found: already there
+        if end > state.saved_upto:
+            start, state.saved_upto = state.saved_upto, end
+            transfers.append(_Transfer(req_id, list(block_ids[start:end]), list(request.block_hashes[start:end]),
+                                       request.cache_salt))
+        state.saves_scheduled |= bool(transfers)
+        return transfers
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         state = self._requests.pop(request.request_id, None)
@@ -459,10 +529,18 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._connector_metadata
         if not isinstance(meta, CtxStoreConnectorMetadata) or not meta.loads:
             return
-        unplanned = [b for t in meta.loads if len(t.block_hashes) != len(t.block_ids) for b in t.block_ids]
+        arrived = {t.req_id: 0 for t in meta.loads}  # leading blocks per load; nothing until shown otherwise
+        try:
+            self._load(meta.loads, arrived)
+        finally:
+            with self._lock:
+                self._loaded.update(arrived)
+
+    def _load(self, transfers: list[_Transfer], arrived: dict[str, int]) -> None:
+        unplanned = [b for t in transfers if len(t.block_hashes) != len(t.block_ids) for b in t.block_ids]
         if unplanned:
             self._fail_loads(unplanned)
-        loads = [t for t in meta.loads if len(t.block_hashes) == len(t.block_ids)]
+        loads = [t for t in transfers if len(t.block_hashes) == len(t.block_ids)]
         block_ids = [b for t in loads for b in t.block_ids]
         if not block_ids:
             return
@@ -470,11 +548,11 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self._fail_loads(block_ids)
             return
         started = time.monotonic()
+        failed: list[int] = []
         try:
             keys = [k for t in loads for k in self.keyspace.keys(
                 t.block_hashes, tp_rank=self._tp_rank, pp_rank=self._pp_rank, cache_salt=t.cache_salt)]
             if self._staged:  # per request: its leading blocks that arrived whole and verified, copied by now
-                failed: list[int] = []
                 start = 0
                 for t in loads:
                     ids, part = t.block_ids, keys[start:start + len(t.block_ids)]
@@ -482,21 +560,29 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
                     sizes = self.client.run(self.client.store.get_keys_staged(
                         self.config.bucket, part, ready(self.layout.target(ids))))
                     failed += ids[len(sizes):]
+                    arrived[t.req_id] = len(sizes)
             else:
                 pieces = [Scatter(self.layout.block_pieces(b)) for b in block_ids]
                 views = self.client.run(self.client.store.get_keys(self.config.bucket, keys,
                                                                    Destinations(pieces, len(pieces))))
-                failed = [b for b, v in zip(block_ids, views) if v is None or len(v) != self.layout.block_bytes]
+                good = [v is not None and len(v) == self.layout.block_bytes for v in views]
+                failed = [b for b, ok in zip(block_ids, good) if not ok]
+                start = 0
+                for t in loads:
+                    mine = good[start:start + len(t.block_ids)]
+                    start += len(t.block_ids)
+                    arrived[t.req_id] = mine.index(False) if False in mine else len(mine)
         except Exception as exc:  # noqa: BLE001  (whatever happened, those blocks are recomputed)
             log.warning("ctxstore: load of %d blocks failed: %s", len(block_ids), exc)
+            arrived.update(dict.fromkeys(arrived, 0))
             self._fail_loads(block_ids)
             return
-        loaded = len(block_ids) - len(failed)
-        self.stats.add("loaded_blocks", loaded)
-        self.stats.add("loaded_bytes", loaded * self.layout.block_bytes)
+        # loaded_blocks and hit_tokens are the scheduler's to count: vLLM reuses a load only up to the first
+        # block that failed on any rank, and only the scheduler hears from every rank.
         self.stats.add("load_ms", (time.monotonic() - started) * 1e3)
         if failed:
-            log.info("ctxstore: %d of %d blocks did not load: vLLM recomputes them", len(failed), len(block_ids))
+            log.info("ctxstore: %d of %d blocks did not load: vLLM recomputes from the first one on", len(failed),
+                     len(block_ids))
             self._fail_loads(failed)
 
     def _fail_loads(self, block_ids: Sequence[int]) -> None:
@@ -540,21 +626,19 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
         keys = self.keyspace.keys(transfer.block_hashes, tp_rank=self._tp_rank, pp_rank=self._pp_rank,
                                   cache_salt=transfer.cache_salt)
         started = time.monotonic()
-        if self._staged:
-            future = self.client.submit(self.client.store.put_keys_staged(self.config.bucket, keys, ready(staged),
-                                                                          ttl=self.config.ttl))
-        else:
-            views = [byte_view(row) for row in staged]
-            future = self.client.submit(self.client.store.put_keys(self.config.bucket, keys, views,
-                                                                   ttl=self.config.ttl))
+        # Marked here, on the worker's stream: the put runs on the client's thread, with another current stream.
+        source = ready(staged) if self._staged else [byte_view(row) for row in staged]
+        future = self.client.submit(self._put(keys, source, replace=transfer.replace))
 
-        def done(f: concurrent.futures.Future[Any]) -> None:
+        def done(f: concurrent.futures.Future[SaveResult]) -> None:
             try:
                 result = f.result()
                 self.stats.add("saved_blocks", result.stored)
                 self.stats.add("saved_bytes", result.stored * layout.block_bytes)
                 self.stats.add("save_existing", result.existed)
                 self.stats.add("save_errors", result.failed)
+                if transfer.replace:
+                    self.stats.add("resaved_blocks", result.stored)
             except BaseException as exc:  # noqa: BLE001
                 log.warning("ctxstore: save failed: %s", exc)
                 self.stats.add("save_errors", len(keys))
@@ -565,6 +649,21 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
         future.add_done_callback(done)
 
+    async def _put(self, keys: list[str], source: Any, *, replace: bool) -> SaveResult:
+        """``source``: the staged copy marked ready (through the staging pool), or one byte view per block."""
+        store, bucket = self.client.store, self.config.bucket
+        if replace:
+            # A put leaves a live key as it is, and this key's stored copy failed to load (it may be bad on its
+            # node, for every later request too): it goes first. One delete for the few blocks of a failed load.
+            try:
+                await store.keys_op(bucket, "delete", keys)
+            except Exception as exc:  # noqa: BLE001  (the put then keeps the old copy: a future load error)
+                log.warning("ctxstore: the copies of %d blocks that failed to load were not deleted: %s",
+                            len(keys), exc)
+        if self._staged:
+            return await store.put_keys_staged(bucket, keys, source, ttl=self.config.ttl)
+        return await store.put_keys(bucket, keys, source, ttl=self.config.ttl)
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         with self._lock:
             self._finished.update(r for r in finished_req_ids if r in self._saving)
@@ -574,6 +673,11 @@ class CtxStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 self._saving.discard(r)
                 self._pending_saves.pop(r, None)
         return (done or None), None
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        with self._lock:
+            loaded, self._loaded = self._loaded, {}
+        return CtxStoreWorkerMetadata(loaded) if loaded else None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         with self._lock:

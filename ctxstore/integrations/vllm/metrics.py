@@ -2,9 +2,11 @@
 
 Counters (summed over the scheduler and every worker): ``lookups``, ``lookup_errors``, ``lookup_ms``,
 ``prefetched_blocks`` (matched blocks the nodes promote from their flash tier ahead of the load),
-``hit_tokens`` (tokens vLLM took from ctxstore instead of computing), ``loaded_blocks``, ``loaded_bytes``,
-``load_errors`` (blocks vLLM recomputed), ``load_ms``, ``saved_blocks``, ``saved_bytes``, ``save_existing``
-(already in ctxstore), ``save_errors``, ``save_dropped`` (staging budget full), ``save_ms``.
+``hit_tokens`` (tokens vLLM took from ctxstore instead of computing), ``loaded_blocks``, ``loaded_bytes`` (those
+three count what vLLM reused: a load up to its first block that failed, since vLLM recomputes from there),
+``load_errors`` (blocks that did not arrive whole and verified), ``load_ms``, ``saved_blocks``, ``saved_bytes``,
+``save_existing`` (already in ctxstore), ``resaved_blocks`` (saved again after their stored copy failed to load),
+``save_errors``, ``save_dropped`` (staging budget full), ``save_ms``.
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ COUNTERS: dict[str, str] = {
     "lookup_errors": "Lookups that failed or timed out (their blocks counted as misses).",
     "lookup_ms": "Milliseconds from a lookup's start to its answer being used.",
     "prefetched_blocks": "Matched blocks the nodes started bringing from their flash tier into RAM.",
-    "hit_tokens": "Prompt tokens loaded from ctxstore instead of computed.",
-    "loaded_blocks": "Blocks restored into the paged KV cache.",
-    "loaded_bytes": "Bytes restored into the paged KV cache.",
-    "load_errors": "Blocks that did not load (vLLM recomputed them).",
+    "hit_tokens": "Prompt tokens loaded from ctxstore and reused by vLLM instead of computed.",
+    "loaded_blocks": "Blocks restored into the paged KV cache and reused (up to a load's first failed block).",
+    "loaded_bytes": "Bytes of the blocks restored into the paged KV cache and reused.",
+    "load_errors": "Blocks that did not load whole and verified (vLLM recomputed from the first one on).",
     "load_ms": "Milliseconds spent in loads (the step waits for them).",
     "saved_blocks": "Blocks stored in ctxstore.",
     "saved_bytes": "Bytes stored in ctxstore.",
     "save_existing": "Blocks already in ctxstore when saved.",
+    "resaved_blocks": "Blocks saved again, once recomputed, in place of a stored copy that failed to load.",
     "save_errors": "Blocks whose save failed.",
     "save_dropped": "Blocks not saved because the staging budget was full.",
     "save_ms": "Milliseconds saves spent in flight (in the background).",
