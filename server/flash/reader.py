@@ -125,6 +125,16 @@ class ReadBuffers:
                 self.retained += size
         # otherwise the chunk is unmapped once the dying array has released it
 
+    def trim(self, keep: int) -> int:
+        """Unmap kept buffers, the largest first, until at most ``keep`` bytes are kept; returns what is."""
+        with self._lock:
+            for size in sorted(self._free, reverse=True):
+                free = self._free[size]
+                while free and self.retained > keep:
+                    free.pop()
+                    self.retained -= size
+            return self.retained
+
     def clear(self) -> None:
         with self._lock:
             self._free.clear()

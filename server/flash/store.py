@@ -712,6 +712,11 @@ class FlashStore:
             self._drop_failed(bucket, keys, rows, failed)
         return out
 
+    def trim_buffers(self, keep_bytes: int) -> int:
+        """Give back kept read buffers until at most ``keep_bytes`` are kept (the caller's memory is short);
+        returns the bytes still kept (``stats().buffer_bytes``)."""
+        return self._buffers.trim(keep_bytes)
+
     def _drop_failed(self, bucket: str, keys: Sequence[str], rows: np.ndarray, failed: list[tuple[int, int]]) -> None:
         """Records that failed a read leave the index (if it still points at them) and are reported."""
         idx = self.index

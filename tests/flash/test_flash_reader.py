@@ -57,6 +57,26 @@ def test_kept_buffers_are_bounded_and_small_reads_bypass_the_pool() -> None:
     assert pool.retained == 0
 
 
+def test_kept_buffers_are_trimmed_largest_first_to_what_the_caller_has_room_for() -> None:
+    pool = ReadBuffers(retain_bytes=16 * MiB)
+    first = pool.take(2 * MiB)
+    del first
+    gc.collect()
+    taken = pool.take(2 * MiB)  # the kept one, handed out again: no 2 MiB buffer is kept now
+    bufs = [pool.take(n) for n in (4 * MiB, MiB, MiB, MIN_POOLED)]
+    del bufs
+    gc.collect()
+    assert pool.retained == 6 * MiB + MIN_POOLED
+    assert pool.trim(3 * MiB) == 2 * MiB + MIN_POOLED  # the 4 MiB buffer
+    assert pool.trim(3 * MiB) == 2 * MiB + MIN_POOLED  # nothing more to do
+    fresh = pool.fresh
+    pool.take(MiB)
+    assert pool.fresh == fresh  # what was kept is still served
+    assert pool.trim(MiB) == MIN_POOLED  # both 1 MiB buffers go, the small one fits
+    assert pool.trim(0) == 0
+    del taken
+
+
 def test_segments_are_read_with_o_direct_and_the_store_reuses_its_read_buffers(tmp_path: Path) -> None:
     sizes = [1, 4095, 4097, 300_001, 700_000]  # unaligned offsets and lengths everywhere
     recs = [record(f"k{i}", i, sizes[i % len(sizes)]) for i in range(40)]
