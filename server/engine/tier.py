@@ -794,12 +794,12 @@ class FlashTier:
             copy = self.store.buffers.take(len(data))
             copy[:] = data
             data = copy
-        transient = obj.data
+        read_view = obj.data
         obj.data = data
         try:
             self.store.admit(bucket, obj)
         except errors.StorageError:
-            obj.data = transient  # sent from the read buffer after all: the copy goes back at once
+            obj.data = read_view  # sent from the read buffer after all: the copy goes back at once
             return False
         obj.transient = False
         bucket.stats.promotions += 1
