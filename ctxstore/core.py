@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +59,10 @@ STAGING_CHUNKS = 4
 #: A node's refusals (4xx: wrong credentials, a bucket that is not there) are logged at most this often per node
 #: and error code: a worker with a wrong secret fails every call, and one line a minute says why.
 REFUSAL_LOG_INTERVAL = 60.0
+#: A put refused with SlowDown is sent again this many times, after about 0.1, 0.2, 0.4 s (jittered): a node
+#: whose flash tier is behind has made room by then (it held the write up to --disk-write-wait first).
+SLOWDOWN_RETRIES = 3
+SLOWDOWN_PAUSE = 0.1
 
 
 @dataclass(frozen=True)
@@ -329,7 +334,7 @@ class AsyncContextStore:
         answers NoSuchBucket; the bucket is created there again, once, and the call repeated."""
         try:
             try:
-                response = await self._call(node, bucket, op, head, payloads, reader, lane)
+                response = await self._call_backing_off(node, bucket, op, head, payloads, reader, lane)
             except NoSuchBucket:
                 if not (recreate_bucket and bucket in self._buckets):
                     raise
@@ -341,6 +346,22 @@ class AsyncContextStore:
             self._note_refusal(node, error)
             self._degrade(error)
             return None
+
+    async def _call_backing_off(self, node: Node, bucket: str, op: str, head: bytes,
+                                payloads: Sequence[Buffer] | TrailedPayloads, reader: BodyReader | None,
+                                lane: int) -> Response:
+        """A put that a node refuses with SlowDown (RAM full and its flash tier writing as fast as it can, or its
+        budget pinned) is sent again after a growing pause, :data:`SLOWDOWN_RETRIES` times: a refused put
+        stored nothing, and a moment later it usually fits. Past that its blocks are reported as failed."""
+        for attempt in range(SLOWDOWN_RETRIES + 1):
+            try:
+                return await self._call(node, bucket, op, head, payloads, reader, lane)
+            except SlowDown:
+                if op != "put" or attempt == SLOWDOWN_RETRIES:
+                    raise
+                self.metrics.count("slowdown_retries")
+                await asyncio.sleep(SLOWDOWN_PAUSE * 2 ** attempt * (0.5 + random.random()))
+        raise AssertionError("unreachable")
 
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every

@@ -8,7 +8,7 @@ from collections import Counter, deque
 LATENCY_SAMPLES = 1024
 # Counters every snapshot carries, zero until first counted (a dashboard must not KeyError on a fresh client).
 COUNTERS = ("hits", "misses", "bytes_in", "bytes_out", "checksum_failures", "errors",
-            "skipped_down_node_keys", "oversized_blocks")
+            "skipped_down_node_keys", "oversized_blocks", "slowdown_retries")
 
 
 class Metrics:
