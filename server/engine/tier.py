@@ -9,8 +9,9 @@ The storage itself (segments, index, recovery) is :mod:`ctxstore_server.flash`; 
   :attr:`FlashTier.demoting` until its write lands. What waits for a write is bounded (``disk_queue``): a victim
   that finds the queue full stays in RAM and the write that needed its room waits for the queue
   (:meth:`Engine.with_write_room`, ``disk_write_wait``), then is refused: backpressure, never a dropped block.
-  A block that came back from flash unchanged is still on flash: its demotion writes nothing. ``disk_direct_size`` sends large blocks down right after their
-  write; one that finds the queue full stays in RAM and waits its turn, going down as earlier writes land.
+  A block that came back from flash unchanged is still on flash: its demotion writes nothing.
+  ``disk_direct_size`` sends large blocks down right after their write; one that finds the queue full stays in
+  RAM and waits its turn, going down as earlier writes land.
 - **Reads.** RAM first, then the demotion queue, then flash (verified by the flash store: header, key and
   payload XXH3; a record that fails is a miss and is dropped). A flash hit is promoted into RAM when the
   policy says so and room can be made; otherwise it is sent from a transient buffer that counts against the
