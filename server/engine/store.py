@@ -393,7 +393,9 @@ class ObjectStore:
         now = self.clock()
         ttl_s = self.resolve_ttl(bucket, ttl)
         out: list[errors.StorageError | StoredObject] = []
-        for block in blocks:
+        # Last key first, so the first key is the most recent: a call's keys are a chain's blocks in order, and
+        # the eviction that comes for them later must take its tail before its head (a hole ends the prefix).
+        for block in reversed(blocks):
             try:
                 self.check_conditions(bucket, block.key, now, if_absent, None)
                 out.append(self._commit(bucket, now, StoredObject(
@@ -403,6 +405,7 @@ class ObjectStore:
                 )))
             except (errors.PreconditionFailed, errors.InsufficientCapacity, errors.EntityTooLarge) as exc:
                 out.append(exc)
+        out.reverse()
         return out
 
     def _commit(self, bucket: Bucket, now: float, obj: StoredObject) -> StoredObject:
@@ -624,7 +627,7 @@ class ObjectStore:
         ticks = self._ticks
         sliding = bucket.sliding_ttl
         hits = 0
-        for obj in out:
+        for obj in reversed(out):  # the first key the most recent: eviction takes a chain's tail before its head
             if obj is not None:
                 hits += 1
                 touch(obj)

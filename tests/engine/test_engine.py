@@ -361,6 +361,30 @@ def test_lru_get_refreshes_recency(clock: FakeClock) -> None:
     check_accounting(engine)
 
 
+def test_eviction_takes_a_chain_tail_before_its_head(clock: FakeClock) -> None:
+    # The keys of one bulk call are a chain's blocks in order: a hole ends the prefix, so what eviction leaves of
+    # a chain must be its head. Committed first key first, the head was the oldest and went first.
+    engine = make_engine(clock)  # 5 blocks fit
+    rec = Recorder(engine)
+    chain = [f"c{i}" for i in range(4)]
+    out = engine.put_blocks(T, B, [BlockWrite(k, payload(k), '"e"', 0, None) for k in chain], ttl=None,
+                            if_absent=False)
+    assert [o.key for o in out] == chain  # the outcomes stay in the call's order
+    put(engine, "x0")
+    put(engine, "x1")
+    put(engine, "x2")
+    assert [k for _, k in rec.reasons()] == ["c3", "c2"]
+    assert sorted(keys_of(engine)) == ["c0", "c1", "x0", "x1", "x2"]  # the chain's head, no hole
+    # A bulk read (lookup, get) ranks the same way: the first key it names becomes the most recent.
+    engine.lookup(T, B, ["c0", "c1", "x0"])
+    put(engine, "x3")
+    put(engine, "x4")
+    assert [k for _, k in rec.reasons()][2:] == ["x1", "x2"]
+    put(engine, "x5")
+    assert [k for _, k in rec.reasons()][4:] == ["x0"]
+    check_accounting(engine)
+
+
 def test_lru_head_does_not_refresh_recency(clock: FakeClock) -> None:
     engine = make_engine(clock)
     rec = Recorder(engine)
