@@ -92,6 +92,22 @@ def summarize_tenants(results: Sequence[NodeResult]) -> dict[str, Any]:
             "tenants": tenants}
 
 
+# The flash tier's rates in ``top`` (name -> the counters whose deltas it sums), next to common.RATES: blocks read
+# back from flash (its share of the hits), bytes read from the device (reads, prefetches), blocks written to flash
+# (RAM's eviction victims, direct writes).
+FLASH_RATES: dict[str, tuple[str, ...]] = {
+    "flash_hits": ("disk_hits",),
+    "flash_bytes_read": ("disk_bytes_read",),
+    "demotions": ("demotions",),
+}
+TOP_RATES = {**RATES, **FLASH_RATES}
+
+
+def has_flash(stats: dict[str, Any] | None) -> bool:
+    """Whether a node's stats describe a flash tier (``disk_*`` are zero without ``--disk``)."""
+    return stats is not None and stats["disk_budget"] > 0
+
+
 @dataclass
 class Sample:
     """One node's counters at one moment (``top`` derives rates from two of them)."""
@@ -102,13 +118,13 @@ class Sample:
 
 def rates_between(previous: Sample | None, current: Sample) -> dict[str, float | None]:
     """Per-second rates from two samples; None when unknown (first sample, node was down, counters reset)."""
-    out: dict[str, float | None] = {name: None for name in RATES}
+    out: dict[str, float | None] = {name: None for name in TOP_RATES}
     if previous is None or previous.stats is None or current.stats is None:
         return out
     elapsed = current.at - previous.at
     if elapsed <= 0:
         return out
-    for name, keys in RATES.items():
+    for name, keys in TOP_RATES.items():
         delta = sum(current.stats[k] - previous.stats[k] for k in keys)
         out[name] = delta / elapsed if delta >= 0 else None
     return out
@@ -125,8 +141,9 @@ def interval_hit_ratio(previous: Sample | None, current: Sample) -> float | None
 
 
 def top_frame(results: Sequence[NodeResult], previous: dict[str, Sample], now: float) -> dict[str, Any]:
-    """One refresh of ``top``: per-node levels, cumulative hit ratio and rates since the previous refresh.
-    Updates ``previous`` in place."""
+    """One refresh of ``top``: per-node levels, cumulative hit ratio and rates since the previous refresh;
+    ``flash`` says whether any node that answered has a flash tier (the table then shows its columns; the rates
+    and the ``disk_*`` levels are in every frame). Updates ``previous`` in place."""
     nodes = []
     for r in results:
         current = Sample(now, node_stats(r.data) if r.ok else None)
@@ -139,10 +156,11 @@ def top_frame(results: Sequence[NodeResult], previous: dict[str, Sample], now: f
         previous[r.endpoint] = current
     up = [n for n in nodes if n["ok"]]
     total_rates: dict[str, float | None] = {}
-    for name in RATES:
+    for name in TOP_RATES:
         values = [n["rates"][name] for n in up]
         total_rates[name] = sum(values) if values and all(v is not None for v in values) else None
     return {"time": time.time(), "nodes_total": len(nodes), "nodes_up": len(up),
+            "flash": any(has_flash(n["stats"]) for n in up),
             "total": {**total_stats([n["stats"] for n in up]), "rates": total_rates}, "nodes": nodes}
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..admin_schema import ADMIN_PREFIX, HEALTH_LIVE, HEALTH_READY, MUTABLE_SETTINGS, generate_key_pair
 from ..units import parse_duration, parse_size, plural
-from .aggregate import Sample, exit_code, summarize_buckets, summarize_stats, summarize_tenants, top_frame
+from .aggregate import Sample, exit_code, has_flash, summarize_buckets, summarize_stats, summarize_tenants, top_frame
 from .common import EXIT_FAILED, EXIT_OK, NodeError, UsageError
 from .nodes import Pod, node_name
 from .render import (
@@ -450,27 +450,41 @@ def render_top(p: dict[str, Any], interval: float) -> Any:
     from rich.text import Text
 
     total = p["total"]
+    flash = bool(p.get("flash"))  # the flash tier's columns, when some node has one
     use = fmt_ratio(total["used"] / total["budget"]) if total["budget"] else "–"
+    levels = f"used {fmt_bytes(total['used'])} of {fmt_bytes(total['budget'])} ({use})"
+    if flash:
+        levels = f"RAM {levels}  flash {fmt_bytes(total['disk_used'])} of {fmt_bytes(total['disk_budget'])}"
     header = Text.from_markup(
         f"[bold]ctxstore top[/]  {time.strftime('%H:%M:%S', time.localtime(p['time']))}  "
-        f"nodes up [bold]{p['nodes_up']}/{p['nodes_total']}[/]  used {fmt_bytes(total['used'])} of "
-        f"{fmt_bytes(total['budget'])} ({use})  hit ratio {fmt_ratio(total['hit_ratio'])}  "
+        f"nodes up [bold]{p['nodes_up']}/{p['nodes_total']}[/]  {levels}  hit ratio {fmt_ratio(total['hit_ratio'])}  "
         f"every {interval:g}s (Ctrl-C quits)")
-    table = _table()
-    for col in ("node", "state", "used / budget", "use", "objects", "hit ratio", "reads/s", "writes/s",
-                "in/s", "out/s", "evictions/s", "expirations/s"):
+    columns = ["used / budget", "use", "objects", "hit ratio", "reads/s", "writes/s", "in/s", "out/s", "evictions/s",
+               "expirations/s"]
+    if flash:  # two header lines, the tier over the first column of its group: the table stays within ~200 columns
+        columns = [f"RAM\n{columns[0]}", *(f"\n{c}" for c in columns[1:]),
+                   "flash\nused / size", "\nobjects", "\nhits/s", "\nread/s", "\ndemotions/s"]
+    table = _table(narrow=flash)
+    for col in ("node", "state", *columns):
         table.add_column(col, justify="left" if col in ("node", "state") else "right", no_wrap=True)
+
+    def flash_cells(s: dict[str, Any], rates: dict[str, float | None]) -> list[str]:
+        if not has_flash(s):  # a node without a flash tier, in a pod with some
+            return ["–"] * 5
+        return [f"{fmt_bytes(s['disk_used'])} / {fmt_bytes(s['disk_budget'])}", fmt_int(s["disk_objects"]),
+                fmt_rate(rates["flash_hits"]), fmt_byte_rate(rates["flash_bytes_read"]), fmt_rate(rates["demotions"])]
 
     def row(name: str, state: str, s: dict[str, Any] | None, rates: dict[str, float | None],
             style: str | None = None) -> None:
         if s is None:
-            table.add_row(name, state, *["–"] * 10, style=style)
+            table.add_row(name, state, *["–"] * len(columns), style=style)
             return
-        table.add_row(name, state, f"{fmt_bytes(s['used'])} / {fmt_bytes(s['budget'])}",
-                      fmt_ratio(s["used"] / s["budget"]) if s["budget"] else "–", fmt_int(s["objects"]),
-                      fmt_ratio(s["hit_ratio"]), fmt_rate(rates["reads"]), fmt_rate(rates["writes"]),
-                      fmt_byte_rate(rates["bytes_in"]), fmt_byte_rate(rates["bytes_out"]),
-                      fmt_rate(rates["evictions"]), fmt_rate(rates["expirations"]), style=style)
+        cells = [f"{fmt_bytes(s['used'])} / {fmt_bytes(s['budget'])}",
+                 fmt_ratio(s["used"] / s["budget"]) if s["budget"] else "–", fmt_int(s["objects"]),
+                 fmt_ratio(s["hit_ratio"]), fmt_rate(rates["reads"]), fmt_rate(rates["writes"]),
+                 fmt_byte_rate(rates["bytes_in"]), fmt_byte_rate(rates["bytes_out"]),
+                 fmt_rate(rates["evictions"]), fmt_rate(rates["expirations"])]
+        table.add_row(name, state, *cells, *(flash_cells(s, rates) if flash else []), style=style)
 
     for n in p["nodes"]:
         row(escape(n["node"]), _state(n), n["stats"], n["rates"])

@@ -75,11 +75,12 @@ def _console(stderr: bool = False) -> Any:
     return Console(file=stream, width=width, highlight=False, soft_wrap=False)
 
 
-def _table(title: str | None = None) -> Any:
+def _table(title: str | None = None, *, narrow: bool = False) -> Any:
+    """``narrow``: two spaces between columns instead of three, for a table with many columns."""
     from rich import box
     from rich.table import Table
 
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=narrow)
 
 
 def _state(entry: dict[str, Any]) -> str:

@@ -328,6 +328,60 @@ def test_top_renders_and_streams_json(pod: list[Node]) -> None:
     assert all(v is None for n in frames[0]["nodes"] for v in n["rates"].values())
     assert all(v is not None and v >= 0 for n in frames[1]["nodes"] for v in n["rates"].values())
     assert frames[1]["total"]["rates"]["reads"] is not None
+    # No node has a flash tier: no flash columns, and the frames say so.
+    assert not any(f["flash"] for f in frames)
+    assert "flash" not in cli("top", "--iterations", "1", nodes=pod).stdout
+
+
+def test_top_shows_the_flash_tier_of_a_restarted_node(tmp_path: Path) -> None:
+    # A flash node stopped and started again: RAM is empty, flash holds every block (top used to show 0
+    # objects). The flash columns come with any node that has a flash tier.
+    args = ("--memory", "16MiB", "--disk", str(tmp_path / "flash"), "--disk-size", "64MiB",
+            "--disk-segment-size", "4MiB")
+    env = {"CTXSTORE_ADMIN_TOKEN": TOKEN, "CTXSTORE_NODE_ID": "flash-0"}
+    node = start_node(tmp_path, *args, env=env)
+    try:
+        s3 = make_client(node.endpoint)
+        s3.create_bucket(Bucket="tiers")
+        for i in range(7):
+            s3.put_object(Bucket="tiers", Key=f"block-{i}", Body=os.urandom(256 << 10))
+        assert node.stop() == 0  # a clean stop writes what only RAM holds to flash
+        node = start_node(tmp_path, *args, env=env, port=node.port)
+        s3 = make_client(node.endpoint)
+        assert len(s3.get_object(Bucket="tiers", Key="block-0")["Body"].read()) == 256 << 10  # a flash hit
+
+        frames = [json.loads(line) for line in cli("top", "--json", "--iterations", "2", "--interval", "0.3",
+                                                   nodes=[node]).stdout.splitlines()]
+        assert len(frames) == 2 and all(f["flash"] for f in frames)
+        stats = frames[1]["nodes"][0]["stats"]
+        assert stats["disk_objects"] == 7 and stats["objects"] == 1  # the one read back, promoted
+        assert stats["disk_budget"] == 64 * MIB and 7 * (256 << 10) <= stats["disk_used"] <= stats["disk_budget"]
+        assert stats["disk_hits"] == 1 and stats["disk_bytes_read"] >= 256 << 10
+        assert frames[1]["total"]["disk_objects"] == 7
+        rates = frames[1]["nodes"][0]["rates"]
+        assert all(rates[k] is not None and rates[k] >= 0 for k in ("flash_hits", "flash_bytes_read", "demotions"))
+
+        table = cli("top", "--iterations", "1", nodes=[node])
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        tiers = next(line for line in lines if "flash" in line and "ctxstore top" not in line)
+        header = lines[lines.index(tiers) + 1]  # the tier over the first column of its group, then the columns
+        row = next(line for line in lines if line.lstrip().startswith(f"127.0.0.1:{node.port}"))
+
+        def cell(end: int) -> str:  # rich right-aligns numbers under their header
+            return row[:end].rsplit("  ", 1)[-1].strip()
+
+        assert tiers.index("RAM") < tiers.index("flash")
+        ram_objects, flash_objects = header.index("objects"), header.rindex("objects")
+        assert ram_objects < tiers.index("flash") < flash_objects
+        assert cell(ram_objects + len("objects")) == "1", table.stdout
+        assert cell(flash_objects + len("objects")) == "7", table.stdout
+        assert cell(tiers.index("flash") + len("flash")).endswith("/ 64.0 MiB"), table.stdout  # used / size
+        for column in ("used / size", "hits/s", "read/s", "demotions/s"):
+            assert column in header
+        assert "flash" in next(line for line in lines if "ctxstore top" in line)  # both tiers' levels on top
+    finally:
+        node.stop()
 
 
 def test_wrong_token_fails_every_node(pod: list[Node]) -> None:
