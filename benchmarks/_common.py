@@ -1,17 +1,21 @@
-"""What the benchmark scripts share: starting pinned servers and stopping exactly those, CPU time from /proc,
-interleaved rounds, medians / p99 / same-round ratios, the run's header, and writing a small PNG plot.
+"""What the benchmark scripts share: starting pinned servers (this checkout's, or a worktree of an earlier
+commit's) and stopping exactly those, a node's admin stats, CPU time from /proc, timed ``dd``, interleaved
+rounds, medians / p99 / same-round ratios, the run's header, and writing a small PNG plot.
 
-Not a benchmark itself (no command): restore_save.py, s3_throughput.py, transport_compare.py and
-digest_cost.py import it (they put this folder on ``sys.path`` first).
+Not a benchmark itself (no command): the scripts of this folder import it (they put this folder on
+``sys.path`` first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
+import json
 import math
 import os
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -21,13 +25,14 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 ACCESS, SECRET = "BENCHACCESSKEY000001", "bench-secret-key-000001"
+ADMIN_TOKEN = "bench-admin-token-000001"  # CTXSTORE_ADMIN_TOKEN of the nodes that :class:`Node` starts
 SERVER_CORE, CLIENT_CORE = 0, 1
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -135,18 +140,72 @@ def start_ctxstore(procs: Processes, port: int, memory: str = "2GiB", source: Pa
     return procs.start("ctxstore-baseline", baseline_argv(source, port, memory), {**env, **baseline_env(source)})
 
 
-def baseline_env(source: Path) -> dict[str, str]:
-    """PYTHONPATH that makes ``ctxstore_server`` the server of checkout ``source`` (its folder server/)."""
+def baseline_env(source: Path, *, own_client: bool = False, shim: Path | None = None) -> dict[str, str]:
+    """PYTHONPATH that makes ``ctxstore_server`` the server of checkout ``source`` (its folder server/).
+    ``own_client``: ``ctxstore`` is that checkout's package too (the definitions its server shares with the
+    client: wire format, bucket rules), not this environment's. ``shim``: an empty folder for the package link
+    (removed by the caller); else a new temporary one."""
     if not (source / "server" / "serve.py").exists():
         raise RuntimeError(f"{source} is no ctxstore checkout (no server/serve.py)")
-    shim = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    if shim is None:
+        shim = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
     (shim / "ctxstore_server").symlink_to((source / "server").resolve())
-    return {"PYTHONPATH": str(shim)}
+    return {"PYTHONPATH": f"{source.resolve()}:{shim}" if own_client else str(shim)}
 
 
 def baseline_argv(source: Path, port: int, memory: str = "2GiB") -> list[str]:
     return [sys.executable, "-m", "ctxstore_server.serve", "--port", str(port), "--memory", memory,
             "--log-level", "warning"]
+
+
+@contextlib.contextmanager
+def git_worktree(rev: str, parent: Path) -> Iterator[Path]:
+    """A detached checkout of ``rev`` of this repository (``git worktree add``) under ``parent``, removed with
+    its registration afterwards; the working tree of this checkout is not touched."""
+    rev = rev.strip()
+    if not rev or rev.startswith("-"):
+        raise ValueError(f"not a revision: {rev!r}")
+    path = parent / f"worktree-{rev.replace('/', '_')}"
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet", str(path), rev], check=True,
+                   timeout=120)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False,
+                       timeout=120)
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], check=False, timeout=60)
+
+
+class Node:
+    """One node started by this benchmark, pinned to the server core, with :data:`ADMIN_TOKEN` for its admin
+    API: this environment's ``ctxstore serve``, or (``source``) a checkout's server under this environment's
+    Python (:func:`baseline_env` with its own client package; ``shim``: the folder for the package link).
+    ``extra``: more ``serve`` options. Stopped with the others by :meth:`Processes.stop`."""
+
+    def __init__(self, procs: Processes, memory: str, *extra: str, source: Path | None = None,
+                 shim: Path | None = None, timeout: float = 120) -> None:
+        self.port = free_port()
+        env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS, "CTXSTORE_SECRET_KEY": SECRET,
+               "CTXSTORE_ADMIN_TOKEN": ADMIN_TOKEN}
+        if source is None:
+            self.proc = procs.start("ctxstore", [*ctxstore_argv(self.port, memory), *extra], env)
+        else:
+            env.update(baseline_env(source, own_client=True, shim=shim))
+            self.proc = procs.start("ctxstore-baseline", [*baseline_argv(source, self.port, memory), *extra], env)
+        wait_ctxstore(procs, self.proc, self.port, timeout=timeout)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stats(self) -> dict[str, Any]:
+        """The node's admin stats document (``GET /_ctx/v1/admin/stats``)."""
+        req = urllib.request.Request(f"{self.endpoint}/_ctx/v1/admin/stats",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            data: dict[str, Any] = json.load(resp)
+            return data
 
 
 def source_commit(source: Path) -> str:
@@ -256,6 +315,19 @@ def tool_version(argv: list[str]) -> str:
 
 
 # ---------------------------------------------------------------------------- measurement
+
+
+def timed_dd(*args: str) -> float:
+    """Seconds one ``dd`` with these operands takes (e.g. ``of=<file> bs=1M count=N oflag=direct``)."""
+    t0 = time.perf_counter()
+    subprocess.run(["dd", *args, "status=none"], check=True, timeout=3600)
+    return time.perf_counter() - t0
+
+
+def distinct_blocks(size: int, n: int) -> list[memoryview]:
+    """``n`` different blocks of ``size`` random bytes, without ``n × size`` bytes of urandom."""
+    base = memoryview(os.urandom(size + n))
+    return [base[i:i + size] for i in range(n)]
 
 
 def stats(samples: Sequence[float]) -> tuple[float, float]:
