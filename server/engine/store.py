@@ -393,9 +393,7 @@ class ObjectStore:
         now = self.clock()
         ttl_s = self.resolve_ttl(bucket, ttl)
         out: list[errors.StorageError | StoredObject] = []
-        # Last key first, so the first key is the most recent: a call's keys are a chain's blocks in order, and
-        # the eviction that comes for them later must take its tail before its head (a hole ends the prefix).
-        for block in reversed(blocks):
+        for block in blocks:
             try:
                 self.check_conditions(bucket, block.key, now, if_absent, None)
                 out.append(self._commit(bucket, now, StoredObject(
@@ -405,7 +403,12 @@ class ObjectStore:
                 )))
             except (errors.PreconditionFailed, errors.InsufficientCapacity, errors.EntityTooLarge) as exc:
                 out.append(exc)
-        out.reverse()
+        # Ranked last key first, so the first is the most recent: a call's keys are a chain's blocks in order,
+        # and the eviction that comes for them later must take its tail before its head (a hole ends the prefix).
+        for obj in reversed(out):
+            if isinstance(obj, StoredObject) and bucket.objects.get(obj.key) is obj:
+                bucket.lru.move_to_end(obj)
+                obj.tick = next(self._ticks)
         return out
 
     def _commit(self, bucket: Bucket, now: float, obj: StoredObject) -> StoredObject:
