@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("health", parents=[common], help="live/ready of every node (no token needed)")
     p.set_defaults(func=cmd_health, needs_token=False)
 
-    p = sub.add_parser("top", parents=[common], help="live view: memory, hit ratio, rates per node")
+    p = sub.add_parser("top", parents=[common], help="live view per node: RAM and flash tiers, hit ratio, rates")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes [default 2]")
     p.add_argument("--iterations", type=int, default=None, metavar="N", help="stop after N refreshes")
     p.set_defaults(func=cmd_top)
