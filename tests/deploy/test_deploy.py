@@ -32,6 +32,8 @@ import yaml
 from support import REPO_ROOT
 from support.nodes import free_port
 
+from ctxstore.lanes import THREADS_ENV
+from ctxstore.tls import TLS_CA_ENV
 from ctxstore_server.engine import OBJECT_OVERHEAD
 from ctxstore_server.settings import SETTINGS, parse_duration, parse_size
 
@@ -43,7 +45,8 @@ DOC = ROOT / "docs" / "deployment.md"
 BIN = Path(sys.executable).parent
 
 SETTING_BY_ENV = {s.env: s for s in SETTINGS}
-CLIENT_VARIABLES = {"CTXSTORE_NODES"}  # read by the client (ctxstore.ContextStore, ctxstore admin)
+# Read by the client (ctxstore.ContextStore, ctxstore admin), not the node.
+CLIENT_VARIABLES = {"CTXSTORE_NODES", TLS_CA_ENV, THREADS_ENV}
 SECRET_VARIABLES = {"CTXSTORE_ACCESS_KEY", "CTXSTORE_SECRET_KEY", "CTXSTORE_ADMIN_TOKEN"}
 PLACEHOLDER = re.compile(r"^<REPLACE-ME[^>]*>$")
 ACCESS_KEY_RE = re.compile(r"^[A-Za-z0-9._\-]{3,128}$")  # server/tenants.py
