@@ -128,6 +128,10 @@ class Settings:
     disk_queue: int = setting(0, SIZE, "CTXSTORE_DISK_QUEUE",
                 "Bytes of demoted blocks waiting for their flash write (held outside --memory); a write that needs a "
                 "victim demoted while it is full waits (--disk-write-wait). 0: --memory/16, between 8 MiB and 256 MiB.")
+    disk_write_back: bool = setting(True, BOOL, "CTXSTORE_DISK_WRITE_BACK",
+                "Copy every block to flash right after its write, keeping it in RAM (inclusive tiers): eviction then "
+                "writes nothing, and a SIGKILL loses only the copies still waiting for the device. false: blocks "
+                "reach flash only when evicted (or at a clean shutdown).")
     disk_write_wait: float = setting(1.0, DURATION, "CTXSTORE_DISK_WRITE_WAIT",
                 "A write that needs a RAM victim demoted while the flash write queue is full waits this long for the "
                 "queue to drain, then is refused (503 SlowDown, a retryable bulk error): victims are never dropped "

@@ -40,6 +40,7 @@ class EngineConfig:
     disk_direct_size: int = _DEFAULTS.disk_direct_size
     disk_queue: int = _DEFAULTS.disk_queue
     disk_write_wait: float = _DEFAULTS.disk_write_wait
+    disk_write_back: bool = _DEFAULTS.disk_write_back
     disk_readers: int = _DEFAULTS.disk_readers
 
     @classmethod
@@ -64,5 +65,6 @@ class EngineConfig:
             disk_direct_size=settings.disk_direct_size,
             disk_queue=settings.disk_queue,
             disk_write_wait=settings.disk_write_wait,
+            disk_write_back=settings.disk_write_back,
             disk_readers=settings.disk_readers,
         )

@@ -311,10 +311,15 @@ class Engine:
     def _maybe_straight_to_disk(self, obj: StoredObject) -> None:
         """``disk_direct_size``: a large object goes to flash right after its write (served from the demotion
         queue until it lands; in RAM while it waits for room in that queue) instead of taking RAM until it is
-        evicted."""
+        evicted. Otherwise ``disk_write_back``: a copy goes to flash and the object stays in RAM."""
+        tier = self.tier
+        if tier is None:
+            return
         threshold = self.config.disk_direct_size
-        if self.tier is not None and threshold and obj.size >= threshold:
-            self.tier.send_direct(obj)
+        if threshold and obj.size >= threshold:
+            tier.send_direct(obj)
+        elif self.config.disk_write_back:
+            tier.write_back(obj)
 
     def exists(self, tenant: str, bucket_name: str, key: str) -> bool:
         """Whether either tier holds a live object at ``key`` (not counted as a read)."""

@@ -4,6 +4,9 @@ two are one store to every caller.
 
 The storage itself (segments, index, recovery) is :mod:`ctxstore_server.flash`; this module is policy:
 
+- **Write-back.** With ``disk_write_back`` every block written is copied to flash right away (:attr:`copying`)
+  and stays in RAM: once the copy lands the object is ``on_disk`` and its eviction writes nothing, and a SIGKILL
+  loses only the copies still queued. A delete or overwrite drops a copy on its way (the writer supersedes it).
 - **Demotion.** An eviction victim with enough life left is handed to the flash writer instead of being dropped.
   It leaves RAM's accounting at once (so the write that needed room proceeds), but stays readable from
   :attr:`FlashTier.demoting` until its write lands. What waits for a write is bounded (``disk_queue``): a victim
@@ -167,7 +170,11 @@ class FlashTier:
                              f"plus 1 MiB ({need}); raise --disk-size or lower --disk-segment-size ({exc})") from None
         self.max_block = config.disk_segment_size - (16 << 10)  # what a segment can hold (the store's own rule)
         self.demoting: dict[tuple[str, str], StoredObject] = {}
-        self.queued = 0  # payload bytes in self.demoting
+        # Write-back: RAM objects whose copy is on its way to flash (they stay in RAM); their bytes count in the
+        # same queue as the victims', and the same device writes both.
+        self.copying: dict[tuple[str, str], StoredObject] = {}
+        self.copy_waiting: OrderedDict[tuple[str, str], None] = OrderedDict()  # no room in the queue yet
+        self.queued = 0  # payload bytes in self.demoting and self.copying
         self.tenant_queued: dict[str, int] = {}  # the same per tenant (for the flash shares)
         self._batch: list[StoredObject] = []
         self.direct_waiting: OrderedDict[tuple[str, str], None] = OrderedDict()  # (bucket, key), oldest first
@@ -367,9 +374,15 @@ class FlashTier:
         """Take an eviction victim to flash instead of dropping it. True: it is (or is becoming) flash-resident,
         so the store removes it as ``demoted``; False: drop it as evicted."""
         if obj.on_disk and self.flash.lookup(obj.bucket, obj.key) is not None:
-            # Promoted earlier and unchanged since: flash has these bytes; only its expiry may have moved on.
+            # Written back (or promoted) and unchanged since: flash has these bytes; only its expiry may have
+            # moved on.
             self.flash.touch(obj.bucket, obj.key, obj.expires_at)
             self._announce_demoted(obj)
+            return True
+        slot = (obj.bucket, obj.key)
+        if self.copying.get(slot) is obj:  # its copy is being written: that write is its demotion
+            del self.copying[slot]
+            self.demoting[slot] = obj
             return True
         refusal = self._refusal(obj)
         if refusal == QUEUE_FULL:  # kept in RAM: the write that needs its room waits, or is refused
@@ -384,6 +397,30 @@ class FlashTier:
         if self._flush_handle is None:
             self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
         return True
+
+    def write_back(self, obj: StoredObject) -> None:
+        """``disk_write_back``: copy a block just written to flash, keeping it in RAM; once the copy lands the
+        object is ``on_disk`` and its eviction writes nothing. One the tier would not take (too short-lived,
+        too large, over its tenant's share) stays RAM-only; with the queue full it waits in line
+        (:meth:`_send_waiting`) and, if evicted first, is demoted as any victim."""
+        if not obj.live or obj.on_disk or self._refusal(obj, queue=False) is not None:
+            return
+        slot = (obj.bucket, obj.key)
+        if not self.copy_waiting and self.queued + obj.size <= self.queue_limit:
+            self._copy(obj)
+            return
+        self.copy_waiting.pop(slot, None)
+        self.copy_waiting[slot] = None
+        if len(self.copy_waiting) > DIRECT_WAITING:
+            self.copy_waiting.popitem(last=False)  # forgotten: it goes down when it is evicted
+
+    def _copy(self, obj: StoredObject) -> None:
+        self.copying[(obj.bucket, obj.key)] = obj
+        self.queued += obj.size
+        self.tenant_queued[obj.tenant] = self.tenant_queued.get(obj.tenant, 0) + obj.size
+        self._batch.append(obj)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
 
     def send_direct(self, obj: StoredObject) -> None:
         """``disk_direct_size``: demote a large block right after its write instead of when it is evicted. If
@@ -402,10 +439,12 @@ class FlashTier:
         self._send_waiting()
 
     def _send_waiting(self) -> None:
-        """Demote the direct writes that were waiting, oldest first, while the demotion queue has room."""
+        """Demote the direct writes that were waiting, then copy the writes-back that were, oldest first, while
+        the queue has room."""
         waiting = self.direct_waiting
         if self.flash.degraded is not None:
             waiting.clear()  # flash takes nothing more: they stay in RAM
+            self.copy_waiting.clear()
             return
         threshold = self.config.disk_direct_size
         while waiting:
@@ -417,6 +456,16 @@ class FlashTier:
                     return  # still no room: the next landed write calls again
                 self.store.demote_now(obj)
             waiting.popitem(last=False)  # sent, refused for good, or no longer in RAM
+        copies = self.copy_waiting
+        while copies and not waiting:
+            bucket_name, key = next(iter(copies))
+            bucket = self.store.buckets.get(bucket_name)
+            obj = bucket.objects.get(key) if bucket is not None else None
+            if obj is not None and obj.live and not obj.on_disk and self._refusal(obj, queue=False) is None:
+                if self.queued + obj.size > self.queue_limit:
+                    return
+                self._copy(obj)
+            copies.popitem(last=False)
 
     def _refusal(self, obj: StoredObject, *, queue: bool = True) -> str | None:
         """Why ``obj`` cannot be demoted now (a DROP_REASONS entry, or QUEUE_FULL), or None if it can."""
@@ -452,7 +501,8 @@ class FlashTier:
         """Hand the victims gathered since the last call to the flash writer, in one append."""
         self._flush_handle = None
         batch, self._batch = self._batch, []
-        objects = [o for o in batch if self.demoting.get((o.bucket, o.key)) is o]  # not deleted meanwhile
+        objects = [o for o in batch  # not deleted, replaced or expired meanwhile
+                   if self.demoting.get((o.bucket, o.key)) is o or self.copying.get((o.bucket, o.key)) is o]
         if not objects:
             return
         records = [FlashRecord(o.bucket, o.key, o.data, o.expires_at, o.created, encode_meta(o), o.xxh3)
@@ -461,13 +511,22 @@ class FlashTier:
         # what it admitted: a direct write's block is out of RAM already, so a refusal here would lose it.
         refused = self.flash.append(records, self._written, force=True)
         for obj, reason in zip(objects, refused):
-            if reason is not None:
+            if reason is None:
+                continue
+            if self._uncopy((obj.bucket, obj.key), obj) is None:  # a copy refused: the block is still in RAM
                 self._demotion_failed(obj, reason)
 
     def _written(self, results: list[WriteResult]) -> None:
         for result in results:
             record = result.record
             slot = (record.bucket, record.key)
+            copy = self.copying.get(slot)
+            if copy is not None and copy.data is record.payload:
+                self._uncopy(slot, copy)
+                if result.stored:
+                    self.tenant_disk[copy.tenant] = self.tenant_disk.get(copy.tenant, 0) + copy.size
+                    copy.on_disk = copy.live  # in RAM and on flash: its eviction writes nothing
+                continue
             obj = self.demoting.get(slot)
             if obj is None or obj.data is not record.payload:  # deleted, replaced or demoted again since
                 continue
@@ -477,7 +536,7 @@ class FlashTier:
                 self._announce_demoted(obj)
             elif result.reason != SUPERSEDED:
                 self._demotion_failed(obj, result.reason or "refused")
-        if self.direct_waiting:
+        if self.direct_waiting or self.copy_waiting:
             self._send_waiting()
         self._wake_writers()
 
@@ -488,6 +547,17 @@ class FlashTier:
             self.queued -= obj.size
             self.tenant_queued[obj.tenant] -= obj.size
         return obj
+
+    def _uncopy(self, slot: tuple[str, str], obj: StoredObject | None = None) -> StoredObject | None:
+        """Take a write-back copy off the queue (written, refused, or its key deleted or replaced); with ``obj``,
+        only if that is the copy in flight."""
+        copy = self.copying.get(slot)
+        if copy is None or (obj is not None and copy is not obj):
+            return None
+        del self.copying[slot]
+        self.queued -= copy.size
+        self.tenant_queued[copy.tenant] -= copy.size
+        return copy
 
     def _demotion_failed(self, obj: StoredObject, reason: str) -> None:
         """The write did not happen: the block is gone from the node, an eviction after all."""
@@ -558,9 +628,14 @@ class FlashTier:
         keys = list(keys)
         self._stale(bucket.name, keys)
         held: list[str] = []
+        copies: list[str] = []  # copies on their way: the block was only announced in RAM
         for key in keys:
             if self._unqueue((bucket.name, key)) is not None:
                 held.append(key)
+            elif self._uncopy((bucket.name, key)) is not None:
+                copies.append(key)
+        if copies and self.flash_open:
+            self.flash.delete_many(bucket.name, copies)  # so a copy still in the writer never lands as live
         if not self.flash_open:
             return len(held)
         if len(keys) == 1 and not held:  # every write asks about its key: the scalar probe, no arrays
@@ -584,6 +659,9 @@ class FlashTier:
         self._stale(name, [k for (b, k) in self._reading if b == name])
         for slot in [s for s in self.demoting if s[0] == name]:
             self._unqueue(slot)
+        for slot in [s for s in self.copying if s[0] == name]:
+            self._uncopy(slot)  # the bucket's floor makes whatever of it the writer still holds dead
+        self.copy_waiting = OrderedDict((s, None) for s in self.copy_waiting if s[0] != name)
         return self.flash.drop_bucket(name) if self.flash_open else 0
 
     def live_blocks(self, name: str) -> int:

@@ -240,7 +240,8 @@ def test_direct_writes_that_find_the_queue_full_wait_in_ram_and_go_down_in_turn(
     clock = Clock()
 
     async def go() -> None:
-        engine = await opened(tmp_path, clock, disk_queue=2 * BLOCK, disk_direct_size=BLOCK, disk_promote=False)
+        engine = await opened(tmp_path, clock, disk_queue=2 * BLOCK, disk_direct_size=BLOCK, disk_promote=False,
+                              disk_write_back=False)  # the block that shrinks below the direct size stays in RAM
         assert engine.tier is not None
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 12)  # all at once: two fit the queue, ten wait in RAM, oldest first
@@ -338,6 +339,63 @@ def test_a_promoted_block_goes_back_to_flash_without_being_written_again(tmp_pat
         # 64 new blocks were written; the promoted one was not written a second time.
         assert extra < 65 * BLOCK + 64 * 4096
         assert check_payload(first, (await engine.fetch(TENANT, BUCKET, first)).data) == 0
+        await engine.close()
+
+    run(go)
+
+
+def test_write_back_copies_every_block_to_flash_and_eviction_then_writes_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)  # write-back is the default
+        engine.create_bucket(TENANT, BUCKET)
+        keys = fill(engine, 16)  # half of RAM: nothing has to be evicted
+        await drain(engine)
+        assert all(in_ram(engine, k) and on_flash(engine, k) for k in keys), "inclusive: in RAM and on flash"
+        written = engine.stats()["disk_bytes_written"]
+        assert written >= 16 * BLOCK
+        more = [f"m{i:04d}" for i in range(40)]
+        for key in more:  # three times what is left of RAM: the first blocks are evicted
+            put(engine, key)
+        await drain(engine)
+        gone = [k for k in keys if not in_ram(engine, k)]
+        assert gone and all(on_flash(engine, k) for k in gone)
+        stats = engine.stats()
+        assert stats["evictions"] == 0 and stats["demotions"] >= len(gone)
+        # The evicted blocks were not written again: only the new blocks' copies were.
+        assert stats["disk_bytes_written"] - written < 40 * (BLOCK + 4096)
+        for key in keys + more:
+            got = await engine.fetch(TENANT, BUCKET, key, record=False)
+            assert check_payload(key, got.data) == 0
+        await engine.close()
+
+    run(go)
+
+
+def test_a_key_deleted_or_replaced_while_its_copy_is_written_never_comes_back(tmp_path: Path) -> None:
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock)
+        engine.create_bucket(TENANT, BUCKET)
+        put(engine, "deleted")
+        put(engine, "replaced")
+        assert engine.tier is not None and len(engine.tier.copying) == 2  # copies queued, not yet written
+        assert engine.delete(TENANT, BUCKET, "deleted")
+        put(engine, "replaced", version=1)
+        put(engine, "in-writer")
+        await asyncio.sleep(0)  # its copy handed to the flash writer (written or not yet: both must hold)
+        assert engine.delete(TENANT, BUCKET, "in-writer")
+        await drain(engine)
+        assert not on_flash(engine, "deleted") and not on_flash(engine, "in-writer")
+        await engine.close()
+        # After a restart only flash speaks: the deleted key stays deleted, the replaced one is the new version.
+        engine = await opened(tmp_path, clock)
+        for key in ("deleted", "in-writer"):
+            with pytest.raises(errors.NoSuchKey):
+                await engine.fetch(TENANT, BUCKET, key)
+        assert check_payload("replaced", (await engine.fetch(TENANT, BUCKET, "replaced")).data) == 1
         await engine.close()
 
     run(go)
@@ -559,7 +617,7 @@ def test_a_clean_shutdown_spills_ram_so_a_restart_has_everything(tmp_path: Path)
     clock = Clock()
 
     async def go() -> None:
-        engine = await opened(tmp_path, clock)
+        engine = await opened(tmp_path, clock, disk_write_back=False)  # RAM-only blocks, for the spill
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 20)  # fits in RAM: nothing demoted
         await settle(engine)
@@ -588,7 +646,7 @@ def test_a_shutdown_spill_of_blocks_larger_than_its_batches_writes_every_one(tmp
     clock = Clock()
 
     async def go() -> None:
-        engine = await opened(tmp_path, clock, disk_queue=4 * BLOCK)
+        engine = await opened(tmp_path, clock, disk_queue=4 * BLOCK, disk_write_back=False)
         engine.create_bucket(TENANT, BUCKET)
         keys = [f"big{i}" for i in range(8)]
         for key in keys:
@@ -608,7 +666,8 @@ def test_a_shutdown_spill_of_many_batches_keeps_to_its_deadline(tmp_path: Path, 
 
     async def go() -> None:
         # 16 MiB of RAM: batches of 2 MiB (a quarter of the 8 MiB demotion queue), up to three in flight.
-        engine = await opened(tmp_path, clock, budget=16 * MiB, disk_size=64 * MiB, disk_segment_size=4 * MiB)
+        engine = await opened(tmp_path, clock, budget=16 * MiB, disk_size=64 * MiB, disk_segment_size=4 * MiB,
+                              disk_write_back=False)
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 384)  # 6 MiB, all in RAM: three batches
         assert engine.stats()["disk_objects"] == 0

@@ -464,13 +464,19 @@ def _restore_elsewhere(node: Node, bucket: str, tokens: list[int], blocks: list[
     return report
 
 
-@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill", "sigkill-write-back"])
 def test_a_restarted_node_gives_a_client_in_another_process_its_blocks_back(tmp_path: Path, disk: Path,
                                                                             stop: str) -> None:
-    """SIGTERM: the node writes what only RAM held before it exits. SIGKILL: what reached flash survives (here
-    every block does: large blocks go straight to flash, and the test waits until they are written; the small
-    demotion queue makes most of them wait in RAM for their turn, as a slow disk does)."""
-    extra = ("--disk-direct-size", "32KiB", "--disk-queue", "1MiB") if stop == "sigkill" else ()
+    """SIGTERM (write-back off): the node writes what only RAM held before it exits. SIGKILL: what reached
+    flash survives (here every block does: large blocks go straight to flash, and the test waits until they are
+    written; the small demotion queue makes most of them wait in RAM for their turn, as a slow disk does).
+    SIGKILL with write-back (the default): every block was copied to flash while it stayed in RAM; once the
+    copies landed, a kill loses none (it lost all 200 without write-back: RAM held them all)."""
+    extra: tuple[str, ...] = {
+        "sigterm": ("--disk-write-back", "false"),
+        "sigkill": ("--disk-direct-size", "32KiB", "--disk-queue", "1MiB"),
+        "sigkill-write-back": ("--disk-queue", "1MiB"),
+    }[stop]
     args = flash_args(disk, *extra, memory="64MiB")
     node = start_probed_node(tmp_path, *args)
     tokens = list(range(16 * 200))
@@ -481,8 +487,11 @@ def test_a_restarted_node_gives_a_client_in_another_process_its_blocks_back(tmp_
         assert ns.save(tokens, blocks).stored == 200
     finally:
         store.close()
-    if stop == "sigkill":
+    if stop.startswith("sigkill"):
         assert wait_until(lambda: Admin(node).stats()["disk_objects"] == 200)
+        if stop == "sigkill-write-back":
+            stats = Admin(node).stats()
+            assert stats["objects"] == 200 and stats["demotions"] == 0, "in RAM and on flash: inclusive tiers"
         kill(node)
     else:
         assert Admin(node).stats()["disk_objects"] == 0  # all in RAM until the shutdown
