@@ -483,7 +483,9 @@ class AsyncContextStore:
             limit = self.limits.bytes_per_call
             if self.threads > 1:  # several in flight per node: each no larger than a get's part
                 limit = self._part_bytes(sum(sizes), min(limit, self.limits.bytes_per_get))
-            return _byte_runs(idx, sizes, limit)
+            # The last run first: keys are a chain's blocks in order, and a node ranks what it stored last as
+            # the most recent, so its eviction takes a long chain's tail before its head (a hole ends a prefix).
+            return _byte_runs(idx, sizes, limit)[::-1]
 
         # A thread's batches to one node go one after another (each decoded before the next starts): a node
         # has at most one put call per client thread to take in at a time.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support.nodes import ACCESS_KEY, SECRET_KEY, start_node
 
-from ctxstore import ContextStore, wire
+from ctxstore import ContextStore, Limits, wire
 
 BLOCK = 64 << 10
 
@@ -33,6 +33,24 @@ def test_what_survives_of_each_chain_is_a_prefix(tmp_path: Path) -> None:
             assert present == [True] * kept + [False] * (16 - kept), f"{ns.bucket}: a hole in {present}"
             survived += kept
         assert 0 < survived < 12 * 16  # eviction did happen, and left whole prefixes
+    finally:
+        store.close()
+        node.stop()
+
+
+def test_a_chain_saved_in_several_calls_loses_its_tail_first(tmp_path: Path) -> None:
+    node = start_node(tmp_path, "--memory", "4MiB")
+    store = ContextStore(node.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY, threads=1,
+                         limits=Limits(bytes_per_call=1 << 20))
+    try:
+        ns = store.namespace("long-chain", model="m", block_size=4)
+        tokens = list(range(4 * 40))  # 40 blocks of 64 KiB: 2.5 MiB, in three calls
+        assert ns.save(tokens, [bytes([i]) * BLOCK for i in range(40)]).stored == 40
+        other = store.namespace("other", model="m", block_size=4)
+        assert other.save(list(range(4 * 24)), [b"o" * BLOCK] * 24).stored == 24  # 1.5 MiB more: evicts some
+        present = [size != wire.ABSENT for size in store.lookup_keys(ns.bucket, ns.block_hashes(tokens))]
+        kept = sum(present)
+        assert 0 < kept < 40 and present == [True] * kept + [False] * (40 - kept), present
     finally:
         store.close()
         node.stop()
