@@ -295,7 +295,7 @@ class Engine:
         obj = self.store.put(tenant, bucket_name, key, data, etag=etag, ttl=ttl, content_type=content_type,
                              headers=headers, user_meta=user_meta, checksums=checksums, parts_count=parts_count,
                              if_none_match=if_none_match, if_match=if_match, reservation=reservation, xxh3=xxh3)
-        self._maybe_straight_to_disk(obj)
+        self._to_flash_after_write(obj)
         return obj
 
     def put_blocks(self, tenant: str, bucket_name: str, blocks: list[BlockWrite], *, ttl: float | None,
@@ -305,10 +305,10 @@ class Engine:
         out = self.store.put_blocks(tenant, bucket_name, blocks, ttl=ttl, if_absent=if_absent)
         for obj in out:
             if isinstance(obj, StoredObject):
-                self._maybe_straight_to_disk(obj)
+                self._to_flash_after_write(obj)
         return out
 
-    def _maybe_straight_to_disk(self, obj: StoredObject) -> None:
+    def _to_flash_after_write(self, obj: StoredObject) -> None:
         """``disk_direct_size``: a large object goes to flash right after its write (served from the demotion
         queue until it lands; in RAM while it waits for room in that queue) instead of taking RAM until it is
         evicted. Otherwise ``disk_write_back``: a copy goes to flash and the object stays in RAM."""
@@ -546,7 +546,7 @@ class Engine:
         done = self.multipart.complete(tenant, bucket_name, key, upload_id, parts, if_none_match=if_none_match,
                                        if_match=if_match, checksums=checksums)
         if isinstance(done, StoredObject):
-            self._maybe_straight_to_disk(done)
+            self._to_flash_after_write(done)
         return done
 
     def abort_upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> None:
