@@ -303,7 +303,9 @@ class Engine:
         """Commit many verified blocks of one bucket, each on its own: per block the stored object, or the
         ``PreconditionFailed`` / capacity error that kept it out (see :meth:`.store.ObjectStore.put_blocks`)."""
         out = self.store.put_blocks(tenant, bucket_name, blocks, ttl=ttl, if_absent=if_absent)
-        for obj in out:
+        # Last key first: a call's keys are a chain's blocks in order, and a full flash tier drops its oldest
+        # segment first, so the chain's head must be the last of them written (what goes is then its tail).
+        for obj in reversed(out):
             if isinstance(obj, StoredObject):
                 self._to_flash_after_write(obj)
         return out

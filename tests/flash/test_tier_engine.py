@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import pytest
 from flash_support import Clock, check_payload, make_payload
 
-from ctxstore_server.engine import Engine, EngineConfig, StoredObject, errors
+from ctxstore_server.engine import BlockWrite, Engine, EngineConfig, StoredObject, errors
 from ctxstore_server.engine import engine as engine_module
 from ctxstore_server.engine import tier as tier_module
 
@@ -685,6 +685,34 @@ def test_a_shutdown_spill_of_many_batches_keeps_to_its_deadline(tmp_path: Path, 
                 continue
             assert check_payload(key, obj.data) == 0
         await again.close()
+
+    run(go)
+
+
+def test_a_full_flash_tier_drops_a_chain_from_its_tail(tmp_path: Path) -> None:
+    # A full flash tier drops its oldest segment first: a bulk put's blocks (a chain in order) are copied to
+    # flash last key first, so what it drops of a chain spanning segments is the tail, never the head.
+    clock = Clock()
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, budget=2 * MiB, disk_size=4 * MiB)  # 16 segments of 256 KiB
+        engine.create_bucket(TENANT, BUCKET)
+        chain = [f"c{i:03d}" for i in range(48)]  # 768 KiB: three segments' worth, in one call
+        engine.put_blocks(TENANT, BUCKET, [BlockWrite(k, make_payload(k, 0, BLOCK), '"e"', 0, None) for k in chain],
+                          ttl=None, if_absent=False)
+        await drain(engine)
+        for i in range(120):  # 1.9 MiB more: the oldest segments go
+            put(engine, f"x{i:04d}")
+            if i % 16 == 15:
+                await drain(engine)
+                await engine.housekeep_disk()
+        await drain(engine)
+        await engine.housekeep_disk()
+        held = [in_ram(engine, k) or on_flash(engine, k) for k in chain]
+        kept = sum(held)
+        assert 0 < kept < len(chain), "the flash tier had to drop some of the chain, not all"
+        assert held == [True] * kept + [False] * (len(chain) - kept), held
+        await engine.close()
 
     run(go)
 
