@@ -147,6 +147,16 @@ class TierCounters:
 
 
 
+def _wait_in_line(line: OrderedDict[tuple[str, str], None], obj: StoredObject) -> None:
+    """Put ``obj``'s key at the back of ``line`` (a new version of a key waiting goes to the back); past
+    ``DIRECT_WAITING`` keys the oldest is forgotten: it goes down when it is evicted instead."""
+    slot = (obj.bucket, obj.key)
+    line.pop(slot, None)
+    line[slot] = None
+    if len(line) > DIRECT_WAITING:
+        line.popitem(last=False)
+
+
 class FlashTier:
     """One node's flash tier, glued to its RAM store."""
 
@@ -390,12 +400,7 @@ class FlashTier:
         if refusal is not None:
             self.counters.dropped[refusal] += 1
             return False
-        self.demoting[(obj.bucket, obj.key)] = obj
-        self.queued += obj.size
-        self.tenant_queued[obj.tenant] = self.tenant_queued.get(obj.tenant, 0) + obj.size
-        self._batch.append(obj)
-        if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+        self._enqueue(self.demoting, obj)
         return True
 
     def write_back(self, obj: StoredObject) -> None:
@@ -405,22 +410,32 @@ class FlashTier:
         (:meth:`_send_waiting`) and, if evicted first, is demoted as any victim."""
         if not obj.live or obj.on_disk or self._refusal(obj, queue=False) is not None:
             return
-        slot = (obj.bucket, obj.key)
         if not self.copy_waiting and self.queued + obj.size <= self.queue_limit:
-            self._copy(obj)
-            return
-        self.copy_waiting.pop(slot, None)
-        self.copy_waiting[slot] = None
-        if len(self.copy_waiting) > DIRECT_WAITING:
-            self.copy_waiting.popitem(last=False)  # forgotten: it goes down when it is evicted
+            self._enqueue(self.copying, obj)
+        else:
+            _wait_in_line(self.copy_waiting, obj)
 
-    def _copy(self, obj: StoredObject) -> None:
-        self.copying[(obj.bucket, obj.key)] = obj
+    def _enqueue(self, queue: dict[tuple[str, str], StoredObject], obj: StoredObject) -> None:
+        """Hand ``obj`` to the next flush, as a victim (``queue`` is :attr:`demoting`) or a write-back copy
+        (:attr:`copying`); its bytes count in the queue either way."""
+        queue[(obj.bucket, obj.key)] = obj
         self.queued += obj.size
         self.tenant_queued[obj.tenant] = self.tenant_queued.get(obj.tenant, 0) + obj.size
         self._batch.append(obj)
         if self._flush_handle is None:
             self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _dequeue(self, queue: dict[tuple[str, str], StoredObject], slot: tuple[str, str],
+                 obj: StoredObject | None = None) -> StoredObject | None:
+        """Take ``slot`` off ``queue`` (written, refused, deleted or replaced); with ``obj``, only if that is the
+        object queued there."""
+        queued = queue.get(slot)
+        if queued is None or (obj is not None and queued is not obj):
+            return None
+        del queue[slot]
+        self.queued -= queued.size
+        self.tenant_queued[queued.tenant] -= queued.size
+        return queued
 
     def send_direct(self, obj: StoredObject) -> None:
         """``disk_direct_size``: demote a large block right after its write instead of when it is evicted. If
@@ -431,11 +446,7 @@ class FlashTier:
         if not self.direct_waiting and self.queued + obj.size <= self.queue_limit:
             self.store.demote_now(obj)
             return
-        slot = (obj.bucket, obj.key)
-        self.direct_waiting.pop(slot, None)  # a new version of a waiting key goes to the back
-        self.direct_waiting[slot] = None
-        if len(self.direct_waiting) > DIRECT_WAITING:
-            self.direct_waiting.popitem(last=False)
+        _wait_in_line(self.direct_waiting, obj)
         self._send_waiting()
 
     def _send_waiting(self) -> None:
@@ -447,25 +458,20 @@ class FlashTier:
             self.copy_waiting.clear()
             return
         threshold = self.config.disk_direct_size
-        while waiting:
-            bucket_name, key = next(iter(waiting))
-            bucket = self.store.buckets.get(bucket_name)
-            obj = bucket.objects.get(key) if bucket is not None else None
-            if obj is not None and obj.live and obj.size >= threshold:
-                if self.queued + obj.size > self.queue_limit:
-                    return  # still no room: the next landed write calls again
-                self.store.demote_now(obj)
-            waiting.popitem(last=False)  # sent, refused for good, or no longer in RAM
-        copies = self.copy_waiting
-        while copies and not waiting:
-            bucket_name, key = next(iter(copies))
-            bucket = self.store.buckets.get(bucket_name)
-            obj = bucket.objects.get(key) if bucket is not None else None
-            if obj is not None and obj.live and not obj.on_disk and self._refusal(obj, queue=False) is None:
-                if self.queued + obj.size > self.queue_limit:
-                    return
-                self._copy(obj)
-            copies.popitem(last=False)
+        for line, send in ((waiting, self.store.demote_now), (self.copy_waiting, self._send_copy)):
+            while line:
+                bucket_name, key = next(iter(line))
+                bucket = self.store.buckets.get(bucket_name)
+                obj = bucket.objects.get(key) if bucket is not None else None
+                if obj is not None and obj.live and (line is not waiting or obj.size >= threshold):
+                    if self.queued + obj.size > self.queue_limit:
+                        return  # still no room: the next landed write calls again
+                    send(obj)
+                line.popitem(last=False)  # sent, refused for good, or no longer in RAM
+
+    def _send_copy(self, obj: StoredObject) -> None:
+        if not obj.on_disk and self._refusal(obj, queue=False) is None:
+            self._enqueue(self.copying, obj)
 
     def _refusal(self, obj: StoredObject, *, queue: bool = True) -> str | None:
         """Why ``obj`` cannot be demoted now (a DROP_REASONS entry, or QUEUE_FULL), or None if it can."""
@@ -513,7 +519,7 @@ class FlashTier:
         for obj, reason in zip(objects, refused):
             if reason is None:
                 continue
-            if self._uncopy((obj.bucket, obj.key), obj) is None:  # a copy refused: the block is still in RAM
+            if self._dequeue(self.copying, (obj.bucket, obj.key), obj) is None:  # a copy refused: the block is still in RAM
                 self._demotion_failed(obj, reason)
 
     def _written(self, results: list[WriteResult]) -> None:
@@ -522,7 +528,7 @@ class FlashTier:
             slot = (record.bucket, record.key)
             copy = self.copying.get(slot)
             if copy is not None and copy.data is record.payload:
-                self._uncopy(slot, copy)
+                self._dequeue(self.copying, slot, copy)
                 if result.stored:
                     self.tenant_disk[copy.tenant] = self.tenant_disk.get(copy.tenant, 0) + copy.size
                     copy.on_disk = copy.live  # in RAM and on flash: its eviction writes nothing
@@ -531,7 +537,7 @@ class FlashTier:
             if obj is None or obj.data is not record.payload:  # deleted, replaced or demoted again since
                 continue
             if result.stored:
-                self._unqueue(slot)
+                self._dequeue(self.demoting, slot)
                 self.tenant_disk[obj.tenant] = self.tenant_disk.get(obj.tenant, 0) + obj.size
                 self._announce_demoted(obj)
             elif result.reason != SUPERSEDED:
@@ -540,30 +546,11 @@ class FlashTier:
             self._send_waiting()
         self._wake_writers()
 
-    def _unqueue(self, slot: tuple[str, str]) -> StoredObject | None:
-        """Take a victim off the demotion queue (written, failed, deleted or replaced)."""
-        obj = self.demoting.pop(slot, None)
-        if obj is not None:
-            self.queued -= obj.size
-            self.tenant_queued[obj.tenant] -= obj.size
-        return obj
-
-    def _uncopy(self, slot: tuple[str, str], obj: StoredObject | None = None) -> StoredObject | None:
-        """Take a write-back copy off the queue (written, refused, or its key deleted or replaced); with ``obj``,
-        only if that is the copy in flight."""
-        copy = self.copying.get(slot)
-        if copy is None or (obj is not None and copy is not obj):
-            return None
-        del self.copying[slot]
-        self.queued -= copy.size
-        self.tenant_queued[copy.tenant] -= copy.size
-        return copy
-
     def _demotion_failed(self, obj: StoredObject, reason: str) -> None:
         """The write did not happen: the block is gone from the node, an eviction after all."""
         slot = (obj.bucket, obj.key)
         if self.demoting.get(slot) is obj:
-            self._unqueue(slot)
+            self._dequeue(self.demoting, slot)
         self.counters.dropped["not_writing"] += 1
         log.debug("flash: %s/%s not demoted (%s)", obj.bucket, obj.key, reason)
         bucket = self.store.buckets.get(obj.bucket)
@@ -630,9 +617,9 @@ class FlashTier:
         held: list[str] = []
         copies: list[str] = []  # copies on their way: the block was only announced in RAM
         for key in keys:
-            if self._unqueue((bucket.name, key)) is not None:
+            if self._dequeue(self.demoting, (bucket.name, key)) is not None:
                 held.append(key)
-            elif self._uncopy((bucket.name, key)) is not None:
+            elif self._dequeue(self.copying, (bucket.name, key)) is not None:
                 copies.append(key)
         if copies and self.flash_open:
             self.flash.delete_many(bucket.name, copies)  # so a copy still in the writer never lands as live
@@ -658,9 +645,9 @@ class FlashTier:
         """A bucket deleted or flushed: every block of it on flash goes at once."""
         self._stale(name, [k for (b, k) in self._reading if b == name])
         for slot in [s for s in self.demoting if s[0] == name]:
-            self._unqueue(slot)
+            self._dequeue(self.demoting, slot)
         for slot in [s for s in self.copying if s[0] == name]:
-            self._uncopy(slot)  # the bucket's floor makes whatever of it the writer still holds dead
+            self._dequeue(self.copying, slot)  # the bucket's floor makes whatever of it the writer still holds dead
         self.copy_waiting = OrderedDict((s, None) for s in self.copy_waiting if s[0] != name)
         return self.flash.drop_bucket(name) if self.flash_open else 0
 
