@@ -185,15 +185,26 @@ class Node:
 
     def __init__(self, procs: Processes, memory: str, *extra: str, source: Path | None = None,
                  shim: Path | None = None, timeout: float = 120) -> None:
+        self.procs = procs
         self.port = free_port()
-        env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS, "CTXSTORE_SECRET_KEY": SECRET,
-               "CTXSTORE_ADMIN_TOKEN": ADMIN_TOKEN}
+        self.timeout = timeout
+        self.env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS, "CTXSTORE_SECRET_KEY": SECRET,
+                    "CTXSTORE_ADMIN_TOKEN": ADMIN_TOKEN}
         if source is None:
-            self.proc = procs.start("ctxstore", [*ctxstore_argv(self.port, memory), *extra], env)
+            self.name, self.argv = "ctxstore", [*ctxstore_argv(self.port, memory), *extra]
         else:
-            env.update(baseline_env(source, own_client=True, shim=shim))
-            self.proc = procs.start("ctxstore-baseline", [*baseline_argv(source, self.port, memory), *extra], env)
-        wait_ctxstore(procs, self.proc, self.port, timeout=timeout)
+            self.env.update(baseline_env(source, own_client=True, shim=shim))
+            self.name, self.argv = "ctxstore-baseline", [*baseline_argv(source, self.port, memory), *extra]
+        self.proc = self.start()
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start (or, after a stop, restart) the node with :attr:`argv`; :attr:`ready_after` is how long it
+        took to answer ready."""
+        started = time.perf_counter()
+        self.proc = self.procs.start(self.name, self.argv, self.env)
+        wait_ctxstore(self.procs, self.proc, self.port, timeout=self.timeout)
+        self.ready_after = time.perf_counter() - started
+        return self.proc
 
     @property
     def endpoint(self) -> str:

@@ -19,10 +19,10 @@ The node runs pinned to core 0, this client (the ctxstore client, as a worker us
   here to show that it does not); (c) **RAM**: a node without a flash tier. The device's ceiling for the
   same bytes and block size: ``dd if=<128 MiB file> of=/dev/null bs=64K|1M iflag=direct``, in the same
   rounds, interleaved.
-- **Demotion**: ``--demote-mib`` of 1 MiB blocks saved (bulk, calls of 8 MiB) into a node with 64 MiB of RAM,
-  so nearly everything is demoted: time until nothing waits for a write (``disk_queued_bytes`` 0) and every
-  block is in RAM, on flash, or dropped (a victim that finds the demotion queue full is evicted, as without a
-  flash tier; the count is reported), against the same save into a node whose RAM holds it all, and against
+- **Demotion** (exclusive tiers: these nodes run with ``--disk-write-back false``): ``--demote-mib`` of 1 MiB
+  blocks saved (bulk, calls of 8 MiB) into a node with 64 MiB of RAM, so nearly everything is demoted: time
+  until nothing waits for a write (``disk_queued_bytes`` 0) and every block is in RAM, on flash, or dropped
+  (the count is reported; before backpressure a victim that found the demotion queue full was dropped), against the same save into a node whose RAM holds it all, and against
   ``dd if=/dev/zero of=<file> bs=1M count=<MiB> oflag=direct``. The save is bound by the node's one core
   (receiving, verifying and storing the body): **demotion alone** is the clean stop of a node whose RAM
   holds the same blocks and nothing else (SIGTERM: it writes what only RAM holds before it exits), timed by
@@ -46,32 +46,29 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _common  # noqa: E402
 from _common import (  # noqa: E402
     ACCESS,
     DOCS,
     SECRET,
     Processes,
     busy_cores,
-    ctxstore_argv,
     exit_on_sigterm,
-    free_port,
     paired_ratio,
     pin_client,
     pyplot,
     save_figure,
     source_state,
     stats,
+    timed_dd,
     today,
-    wait_ctxstore,
 )
 
 from ctxstore import ContextStore, Limits, Timeouts  # noqa: E402
@@ -79,7 +76,6 @@ from ctxstore.units import parse_size  # noqa: E402
 
 MiB = 1 << 20
 GB = 1e9
-TOKEN = "flash-bench-admin-token"
 BLOCK_TOKENS = 16
 SHAPES = ((64 << 10, "2048 × 64 KiB", "64K"), (MiB, "128 × 1 MiB", "1M"))
 RESTORE_BYTES = 128 * MiB
@@ -94,12 +90,6 @@ def drop_caches() -> bool:
         return False
 
 
-def timed_dd(*args: str) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(["dd", *args, "status=none"], check=True)
-    return time.perf_counter() - t0
-
-
 def rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -108,39 +98,16 @@ def rss(pid: int) -> int:
     return 0
 
 
-class Node:
-    """One ``ctxstore serve`` started by this benchmark (pinned to the server core)."""
+class Node(_common.Node):
+    """One ``ctxstore serve`` started by this benchmark (pinned to the server core); its restarts may take a
+    while (an index rebuild of millions of blocks)."""
 
     def __init__(self, procs: Processes, memory: str, *extra: str) -> None:
-        self.procs = procs
-        self.port = free_port()
-        self.argv = [*ctxstore_argv(self.port, memory), *extra]
-        self.env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS, "CTXSTORE_SECRET_KEY": SECRET,
-                    "CTXSTORE_ADMIN_TOKEN": TOKEN}
-        self.proc = self.start()
-
-    def start(self) -> subprocess.Popen[bytes]:
-        self.started = time.perf_counter()
-        self.proc = self.procs.start("ctxstore", self.argv, self.env)
-        wait_ctxstore(self.procs, self.proc, self.port, timeout=600)
-        self.ready_after = time.perf_counter() - self.started
-        return self.proc
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stats(self) -> dict[str, Any]:
-        req = urllib.request.Request(f"{self.endpoint}/_ctx/v1/admin/stats",
-                                     headers={"Authorization": f"Bearer {TOKEN}"})
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            data: dict[str, Any] = json.load(resp)
-            return data
+        super().__init__(procs, memory, *extra, timeout=600)
 
     def wait_on_flash(self, blocks: int, *, settled: bool = False, timeout: float = 600) -> float:
         """Seconds until nothing waits for a write and ``blocks`` are on flash; with ``settled``, until each of
-        ``blocks`` saved is in RAM, on flash or dropped (a victim that found the demotion queue full is evicted,
-        as without a flash tier)."""
+        ``blocks`` saved is in RAM, on flash or dropped (for one of the documented reasons: docs/flash.md)."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -229,8 +196,10 @@ def demote_bench(base: Path, mib: int, procs: Processes, out: dict[str, Any]) ->
     blocks = blocks_of(MiB, n, 7)
     tokens = list(range(BLOCK_TOKENS * n))
     results: dict[str, float] = {}
+    # Exclusive tiers (no write-back copies): what is measured is demotion at eviction, then at shutdown.
     for name, memory, extra in (("demote", "64MiB", ("--disk", str(base / "demote"), "--disk-size",
-                                                     f"{2 * mib + 256}MiB", "--disk-reset", "true")),
+                                                     f"{2 * mib + 256}MiB", "--disk-reset", "true",
+                                                     "--disk-write-back", "false")),
                                 ("ram", f"{mib + 256}MiB", ())):
         node = Node(procs, memory, *extra)
         store = client(node)
@@ -251,7 +220,7 @@ def demote_bench(base: Path, mib: int, procs: Processes, out: dict[str, Any]) ->
             procs.stop()
     # Demotion alone: the blocks in RAM only, then a clean stop that writes them to flash before exiting.
     node = Node(procs, f"{mib + 256}MiB", "--disk", str(base / "spill"), "--disk-size", f"{2 * mib + 256}MiB",
-                "--disk-reset", "true", "--log-level", "info")
+                "--disk-reset", "true", "--disk-write-back", "false", "--log-level", "info")
     store = client(node)
     try:
         ns = store.namespace("bench", model="flash-bench", block_size=BLOCK_TOKENS)
