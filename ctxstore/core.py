@@ -353,7 +353,8 @@ class AsyncContextStore:
         """A put that a node refuses with SlowDown (RAM full and its flash tier writing as fast as it can, or its
         budget pinned) is sent again after a growing pause, :data:`SLOWDOWN_RETRIES` times: a refused put
         stored nothing, and a moment later it usually fits. Past that its blocks are reported as failed."""
-        for attempt in range(SLOWDOWN_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 return await self._call(node, bucket, op, head, payloads, reader, lane)
             except SlowDown:
@@ -361,7 +362,7 @@ class AsyncContextStore:
                     raise
                 self.metrics.count("slowdown_retries")
                 await asyncio.sleep(SLOWDOWN_PAUSE * 2 ** attempt * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+                attempt += 1
 
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
