@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from ctxstore_server.engine import errors
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD, StoredObject, object_charge
 from ctxstore_server.engine import REMOVAL_REASONS, BlockWrite, Engine, EngineConfig, Reservation, etag_matches
+from support.inprocess import FakeClock
 
 T = "alice"  # the tenant of most tests
 B = "blocks"  # its bucket
@@ -23,20 +24,6 @@ T0 = 1_000_000.0  # the fake clock's start
 
 # Keys of two characters with a payload of 398 bytes are charged exactly 1000 bytes each.
 SIZE = 1000 - 2 - OBJECT_OVERHEAD
-
-
-class FakeClock:
-    """A clock that only moves when told to."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
 
 
 class Recorder:
@@ -63,7 +50,7 @@ def payload(tag: str | int, size: int = SIZE) -> bytes:
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(T0)
 
 
 def make_engine(clock: FakeClock, **config: object) -> Engine:
@@ -251,7 +238,7 @@ def test_entity_too_large(clock: FakeClock) -> None:
     before = engine.used
     with pytest.raises(errors.EntityTooLarge):
         reserve(engine, 4001)  # over max_object_size
-    small_budget = make_engine(FakeClock(), budget=1000, max_object_size=4000)
+    small_budget = make_engine(FakeClock(T0), budget=1000, max_object_size=4000)
     with pytest.raises(errors.EntityTooLarge):
         reserve(small_budget, 1000 - OBJECT_OVERHEAD + 1)  # fits max size, never fits the budget
     with pytest.raises(errors.EntityTooLarge):
@@ -1145,7 +1132,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = FakeClock()
+        self.clock = FakeClock(T0)
         self.engine = Engine(EngineConfig(budget=8000, default_ttl=60.0, max_ttl=200.0, max_pin=50.0,
                                           max_object_size=3000, min_part_size=100, upload_ttl=150.0,
                                           bucket_overhead=0, upload_overhead=0, part_overhead=0,

@@ -12,18 +12,11 @@ import pytest
 from ctxstore_server.engine import Engine, EngineConfig
 from ctxstore_server.engine.buffers import IDLE_SECONDS, MIN_POOLED, PAGE, PayloadBuffers
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD
+from support.inprocess import FakeClock
 
 T, B = "alice", "blocks"
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK = 64 * KiB
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_engine(clock: FakeClock, budget: int = 64 * MiB) -> Engine:
@@ -57,7 +50,7 @@ def store_then_delete(engine: Engine, n: int, prefix: str = "k", size: int = BLO
 
 @pytest.fixture
 def clock() -> FakeClock:
-    return FakeClock()
+    return FakeClock(1_000_000.0)
 
 
 def test_buffers_have_the_size_asked_and_take_any_bytes(clock: FakeClock) -> None:

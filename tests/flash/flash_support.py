@@ -50,14 +50,25 @@ def record(key: str, version: int = 0, size: int = 4096, *, bucket: str = "b", t
     return FlashRecord(bucket, key, make_payload(key, version, size), now + ttl, now, f"meta:{key}".encode())
 
 
-class Clock:
-    """A clock the test moves."""
+def __getattr__(name: str) -> Any:
+    """``Clock``: the suite's fake clock (``support.inprocess.FakeClock``) with ``t`` for its ``now``, the name
+    these tests move it by. Made on first use: the child processes (flash_child.py) import this module without
+    ``support`` on their path, and need no clock."""
+    if name != "Clock":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from support.inprocess import FakeClock
 
-    def __init__(self, t: float | None = None) -> None:
-        self.t = time.time() if t is None else t
+    class Clock(FakeClock):
+        @property
+        def t(self) -> float:
+            return self.now
 
-    def __call__(self) -> float:
-        return self.t
+        @t.setter
+        def t(self, value: float) -> None:
+            self.now = value
+
+    globals()["Clock"] = Clock
+    return Clock
 
 
 def small_store(path: Path, capacity: int = 32 * MiB, **kw: Any) -> FlashStore:
