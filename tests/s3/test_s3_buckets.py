@@ -5,22 +5,16 @@ cannot express the request)."""
 from __future__ import annotations
 
 import contextlib
-import http.client
 import secrets
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
-from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
-
-# conftest.start_node leaves its log file handle to the garbage collector; with warnings as errors that
-# ResourceWarning would fail whichever test happens to start a node.
+from support.inprocess import InProcessNode
+from support.nodes import ACCESS_KEY, OTHER_ACCESS_KEY, OTHER_SECRET_KEY, SECRET_KEY
+from support.raw import raw_request, signed_request
 
 DOMAIN = "s3.ctx.test"
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
@@ -61,38 +55,6 @@ def raw_responses(client) -> Iterator[list]:
         yield seen
     finally:
         client.meta.events.unregister("after-call.s3", unique_id=uid)
-
-
-class Raw:
-    """A SigV4-signed request over http.client, to any Host header, without botocore's serializers."""
-
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.status, self.headers, self.body = status, headers, body
-
-    def xml(self) -> ElementTree.Element:
-        return ElementTree.fromstring(self.body)
-
-
-def signed_request(node: Node, method: str, path: str, *, host: str | None = None, body: bytes = b"",
-                   headers: dict[str, str] | None = None, access: str = ACCESS_KEY,
-                   secret: str = SECRET_KEY) -> Raw:
-    host = host or f"127.0.0.1:{node.port}"
-    request = AWSRequest(method=method, url=f"http://{host}{path}", data=body,
-                         headers={"Host": host, **(headers or {})})
-    S3SigV4Auth(Credentials(access, secret), "s3", "us-east-1").add_auth(request)
-    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
-    try:
-        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-        for name, value in request.headers.items():
-            conn.putheader(name, value)
-        if body or method in ("PUT", "POST"):
-            conn.putheader("Content-Length", str(len(body)))
-        conn.endheaders(body or None)
-        response = conn.getresponse()
-        data = response.read()
-        return Raw(response.status, {k.lower(): v for k, v in response.getheaders()}, data)
-    finally:
-        conn.close()
 
 
 # ----------------------------------------------------------------------------------------------- bucket CRUD
@@ -174,12 +136,12 @@ def test_create_bucket_with_location_configuration(s3) -> None:
         s3.delete_bucket(Bucket=name)
 
 
-def test_create_bucket_with_malformed_body(server: Node, s3) -> None:
+def test_create_bucket_with_malformed_body(inprocess: InProcessNode, s3) -> None:
     name = unique()
-    raw = signed_request(server, "PUT", f"/{name}", body=b"<NotAConfiguration/>")
+    raw = signed_request(inprocess, "PUT", f"/{name}", body=b"<NotAConfiguration/>")
     assert raw.status == 400
     assert raw.xml().findtext("Code") == "MalformedXML"
-    raw = signed_request(server, "PUT", f"/{name}", body=b"<<<not xml")
+    raw = signed_request(inprocess, "PUT", f"/{name}", body=b"<<<not xml")
     assert raw.status == 400
     assert raw.xml().findtext("Code") == "MalformedXML"
     assert name not in [b["Name"] for b in s3.list_buckets()["Buckets"]]
@@ -193,15 +155,15 @@ def test_get_bucket_location(s3, bucket: str) -> None:
     assert code_of(exc) == ("NoSuchBucket", 404)
 
 
-def test_region_setting_is_reported(tmp_path: Path) -> None:
-    node = start_node(tmp_path, "--region", "eu-west-3")
+def test_region_setting_is_reported() -> None:
+    node = InProcessNode(region="eu-west-3")
     try:
-        client = make_client(node.endpoint)
+        client = node.client()
         client.create_bucket(Bucket="regional")
         assert client.get_bucket_location(Bucket="regional")["LocationConstraint"] == "eu-west-3"
         assert client.head_bucket(Bucket="regional")["BucketRegion"] == "eu-west-3"
     finally:
-        node.stop()
+        node.close()
 
 
 def test_list_buckets_shows_only_own_buckets(s3, s3_other) -> None:
@@ -273,30 +235,19 @@ def test_other_tenant_cannot_touch_objects(s3, s3_other, bucket: str) -> None:
     s3.head_bucket(Bucket=bucket)
 
 
-def test_other_tenant_presigned_url_denied(server: Node, s3, s3_other, bucket: str) -> None:
+def test_other_tenant_presigned_url_denied(inprocess: InProcessNode, s3, s3_other, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="secret", Body=b"tenant-default-data")
     url = s3_other.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "secret"})
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.request("GET", f"{parts.path}?{parts.query}")
-        response = conn.getresponse()
-        body = response.read()
-    finally:
-        conn.close()
+    response = raw_request(inprocess, "GET", f"{parts.path}?{parts.query}", {})
     assert response.status in (403, 404)
-    assert b"tenant-default-data" not in body
+    assert b"tenant-default-data" not in response.body
     # The owner's presigned URL works (the check above is about the tenant, not presigning).
     url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "secret"})
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    try:
-        conn.request("GET", f"{parts.path}?{parts.query}")
-        response = conn.getresponse()
-        assert response.status == 200
-        assert response.read() == b"tenant-default-data"
-    finally:
-        conn.close()
+    response = raw_request(inprocess, "GET", f"{parts.path}?{parts.query}", {})
+    assert response.status == 200
+    assert response.body == b"tenant-default-data"
 
 
 # ------------------------------------------------------------------------------------------- not implemented
@@ -336,41 +287,39 @@ def test_get_with_part_number_not_implemented(s3, bucket: str) -> None:
     assert code_of(exc) == ("NotImplemented", 501)
 
 
-def test_unknown_method_target_is_method_not_allowed(server: Node, bucket: str) -> None:
-    raw = signed_request(server, "POST", f"/{bucket}/key")  # POST an object without ?uploads/?uploadId
+def test_unknown_method_target_is_method_not_allowed(inprocess: InProcessNode, bucket: str) -> None:
+    raw = signed_request(inprocess, "POST", f"/{bucket}/key")  # POST an object without ?uploads/?uploadId
     assert raw.status == 405
     root = raw.xml()
     assert root.findtext("Code") == "MethodNotAllowed"
     assert root.findtext("Method") == "POST"
-    raw = signed_request(server, "DELETE", "/")
+    raw = signed_request(inprocess, "DELETE", "/")
     assert raw.status == 405
 
 
 # --------------------------------------------------------------------------------------------- virtual hosts
 
 
-def virtual_client(server: Node, access: str = ACCESS_KEY, secret: str = SECRET_KEY):
-    """boto3 with virtual-hosted addressing on ``s3.ctx.test``; requests are sent to 127.0.0.1 with the signed
-    Host header kept (no DNS for the test domain here)."""
-    client = make_client(f"http://{DOMAIN}:{server.port}", access, secret, s3={"addressing_style": "virtual"})
+def virtual_client(inprocess: InProcessNode, access: str = ACCESS_KEY, secret: str = SECRET_KEY):
+    """boto3 with virtual-hosted addressing on ``s3.ctx.test`` (the Host header of each request is recorded
+    in ``sent_hosts``)."""
+    client = inprocess.client(access, secret, endpoint=f"http://{DOMAIN}:{inprocess.port}",
+                              s3={"addressing_style": "virtual"})
     hosts: list[str] = []
 
-    def to_loopback(request, **_: object) -> None:
-        parts = urllib.parse.urlsplit(request.url)
-        request.headers["Host"] = parts.netloc
-        hosts.append(parts.netloc)
-        request.url = urllib.parse.urlunsplit(parts._replace(netloc=f"127.0.0.1:{server.port}"))
+    def record(request, **_: object) -> None:
+        hosts.append(urllib.parse.urlsplit(request.url).netloc)
 
-    client.meta.events.register("before-send.s3", to_loopback)
+    client.meta.events.register("before-sign.s3", record)
     client.sent_hosts = hosts  # type: ignore[attr-defined]
     return client
 
 
-def test_virtual_hosted_style_addresses_the_bucket(server: Node, s3, bucket: str) -> None:
-    v = virtual_client(server)
+def test_virtual_hosted_style_addresses_the_bucket(inprocess: InProcessNode, s3, bucket: str) -> None:
+    v = virtual_client(inprocess)
     key = "dir/sp ace+plus@at%pct~/日本"
     put = v.put_object(Bucket=bucket, Key=key, Body=b"virtual", Metadata={"via": "vhost"})
-    assert v.sent_hosts[-1] == f"{bucket}.{DOMAIN}:{server.port}"
+    assert v.sent_hosts[-1] == f"{bucket}.{DOMAIN}:{inprocess.port}"
     # Path-style sees the same object under the same key.
     got = s3.get_object(Bucket=bucket, Key=key)
     assert got["Body"].read() == b"virtual"
@@ -391,14 +340,14 @@ def test_virtual_hosted_style_addresses_the_bucket(server: Node, s3, bucket: str
     assert code_of(exc) == ("NoSuchKey", 404)
     # ListBuckets goes to the bare domain: the service.
     assert bucket in [b["Name"] for b in v.list_buckets()["Buckets"]]
-    assert v.sent_hosts[-1] == f"{DOMAIN}:{server.port}"
+    assert v.sent_hosts[-1] == f"{DOMAIN}:{inprocess.port}"
 
 
-def test_virtual_hosted_create_and_delete_bucket(server: Node, s3) -> None:
-    v = virtual_client(server)
+def test_virtual_hosted_create_and_delete_bucket(inprocess: InProcessNode, s3) -> None:
+    v = virtual_client(inprocess)
     name = unique("vhost")
     v.create_bucket(Bucket=name)
-    assert v.sent_hosts[-1] == f"{name}.{DOMAIN}:{server.port}"
+    assert v.sent_hosts[-1] == f"{name}.{DOMAIN}:{inprocess.port}"
     s3.head_bucket(Bucket=name)
     v.delete_bucket(Bucket=name)
     with pytest.raises(ClientError) as exc:
@@ -406,38 +355,36 @@ def test_virtual_hosted_create_and_delete_bucket(server: Node, s3) -> None:
     assert code_of(exc) == ("404", 404)
 
 
-def test_virtual_hosted_bucket_with_dots(server: Node, s3) -> None:
+def test_virtual_hosted_bucket_with_dots(inprocess: InProcessNode, s3) -> None:
     name = f"with.dots.{secrets.token_hex(4)}"
     with scratch_bucket(s3, name):
         s3.put_object(Bucket=name, Key="k", Body=b"dotted")
-        raw = signed_request(server, "GET", "/k", host=f"{name}.{DOMAIN}:{server.port}")
+        raw = signed_request(inprocess, "GET", "/k", host=f"{name}.{DOMAIN}:{inprocess.port}")
         assert raw.status == 200
         assert raw.body == b"dotted"
 
 
-def test_virtual_hosted_raw_request(server: Node, s3, bucket: str) -> None:
+def test_virtual_hosted_raw_request(inprocess: InProcessNode, s3, bucket: str) -> None:
     s3.put_object(Bucket=bucket, Key="bucket-looking/key", Body=b"raw")
-    host = f"{bucket}.{DOMAIN}:{server.port}"
-    raw = signed_request(server, "GET", "/bucket-looking/key", host=host)
+    host = f"{bucket}.{DOMAIN}:{inprocess.port}"
+    raw = signed_request(inprocess, "GET", "/bucket-looking/key", host=host)
     assert raw.status == 200
     assert raw.body == b"raw"
     # A Host without the port, in another case: the same bucket.
-    raw = signed_request(server, "GET", "/bucket-looking/key", host=f"{bucket}.{DOMAIN.upper()}")
+    raw = signed_request(inprocess, "GET", "/bucket-looking/key", host=f"{bucket}.{DOMAIN.upper()}")
     assert raw.status == 200
     assert raw.body == b"raw"
-    listing = signed_request(server, "GET", "/?list-type=2", host=host)
+    listing = signed_request(inprocess, "GET", "/?list-type=2", host=host)
     assert listing.status == 200
     root = listing.xml()
     assert root.findtext(f"{NS}Name") == bucket
     assert [k.text for k in root.iter(f"{NS}Key")] == ["bucket-looking/key"]
     # The path's first segment is part of the key, not a bucket name.
-    raw = signed_request(server, "GET", f"/{bucket}/bucket-looking/key", host=host)
+    raw = signed_request(inprocess, "GET", f"/{bucket}/bucket-looking/key", host=host)
     assert raw.status == 404
     assert raw.xml().findtext("Code") == "NoSuchKey"
     # Another tenant through the virtual host is still refused.
-    from conftest import OTHER_ACCESS_KEY, OTHER_SECRET_KEY
-
-    raw = signed_request(server, "GET", "/bucket-looking/key", host=host, access=OTHER_ACCESS_KEY,
+    raw = signed_request(inprocess, "GET", "/bucket-looking/key", host=host, access=OTHER_ACCESS_KEY,
                          secret=OTHER_SECRET_KEY)
     assert raw.status in (403, 404)
     assert raw.body != b"raw"
@@ -502,12 +449,12 @@ def test_not_modified_has_no_body(s3, bucket: str) -> None:
     assert seen[-1].content == b""
 
 
-def test_bad_credentials(server: Node, bucket: str) -> None:
-    unknown = make_client(server.endpoint, "CTXUNKNOWNACCESSKEY1", "whatever-secret-key")
+def test_bad_credentials(inprocess: InProcessNode, bucket: str) -> None:
+    unknown = inprocess.client("CTXUNKNOWNACCESSKEY1", "whatever-secret-key")
     with pytest.raises(ClientError) as exc:
         unknown.list_objects_v2(Bucket=bucket)
     assert code_of(exc) == ("InvalidAccessKeyId", 403)
-    wrong_secret = make_client(server.endpoint, ACCESS_KEY, "not-the-secret-key")
+    wrong_secret = inprocess.client(ACCESS_KEY, "not-the-secret-key")
     with pytest.raises(ClientError) as exc:
         wrong_secret.list_objects_v2(Bucket=bucket)
     assert code_of(exc) == ("SignatureDoesNotMatch", 403)

@@ -11,12 +11,9 @@ from urllib.parse import unquote_plus
 import botocore.handlers
 import pytest
 from botocore.exceptions import ClientError
-from support.nodes import Node, make_client
+from support.inprocess import InProcessNode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-# conftest.start_node leaves its log file handle to the garbage collector; with warnings as errors that
-# ResourceWarning would fail whichever test happens to start a node.
 
 # ----------------------------------------------------------------------------------------------------- model
 
@@ -63,9 +60,9 @@ def fill(client, bucket: str, keys: list[str] | set[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def s3_pool(server: Node):
+def s3_pool(inprocess: InProcessNode):
     """A client with room for concurrent puts."""
-    return make_client(server.endpoint, max_pool_connections=16)
+    return inprocess.client(max_pool_connections=16)
 
 
 @pytest.fixture
@@ -90,9 +87,9 @@ def drop_bucket(client, name: str) -> None:
     client.delete_bucket(Bucket=name)
 
 
-def raw_client(server: Node):
+def raw_client(inprocess: InProcessNode):
     """A boto3 client that does not add EncodingType=url to listings (botocore does so by default)."""
-    client = make_client(server.endpoint)
+    client = inprocess.client()
     for op in ("ListObjects", "ListObjectsV2", "ListObjectVersions"):
         client.meta.events.unregister(f"before-parameter-build.s3.{op}",
                                       botocore.handlers.set_list_objects_encoding_type_url)
@@ -210,7 +207,7 @@ def test_v1_marker_always_present(s3_pool, scratch: str) -> None:
     assert all("ID" in o["Owner"] for o in page["Contents"])
 
 
-def test_url_encoding(server: Node, s3_pool, scratch: str) -> None:
+def test_url_encoding(inprocess: InProcessNode, s3_pool, scratch: str) -> None:
     keys = ["sp ace/x", "plus+/y", "pct%41", "amp&<lt>\"'", "日本/語", "tab\tend", "~tilde", "😀/"]
     fill(s3_pool, scratch, keys)
     # boto3's default: it asks for url encoding and decodes what comes back.
@@ -232,7 +229,7 @@ def test_url_encoding(server: Node, s3_pool, scratch: str) -> None:
     assert unquote_plus(page["StartAfter"]) == "amp&<lt>\"'"
 
     # Without encoding the keys travel as XML text.
-    raw = raw_client(server)
+    raw = raw_client(inprocess)
     page = raw.list_objects_v2(Bucket=scratch)
     assert "EncodingType" not in page
     assert [o["Key"] for o in page["Contents"]] == utf8_sorted(keys)
@@ -240,8 +237,8 @@ def test_url_encoding(server: Node, s3_pool, scratch: str) -> None:
     assert [p["Prefix"] for p in page["CommonPrefixes"]] == ["plus+/", "sp ace/", "日本/", "😀/"]
 
 
-def test_invalid_encoding_type(server: Node, scratch: str) -> None:
-    raw = raw_client(server)
+def test_invalid_encoding_type(inprocess: InProcessNode, scratch: str) -> None:
+    raw = raw_client(inprocess)
     with pytest.raises(ClientError) as exc:
         raw.list_objects_v2(Bucket=scratch, EncodingType="base64")
     assert exc.value.response["Error"]["Code"] == "InvalidArgument"

@@ -9,15 +9,10 @@ import io
 import secrets
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
-from support.inprocess import InProcessNode
-from support.nodes import Node, make_client, start_node
-
-# conftest.start_node leaves its log file handle to the garbage collector; with warnings as errors that
-# ResourceWarning would fail whichever test happens to start a node.
+from support.inprocess import InProcessNode, like_the_session_node
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -50,15 +45,15 @@ def complete(client, bucket: str, key: str, upload_id: str, parts: list[dict], *
 
 
 @pytest.fixture(scope="module")
-def small_parts_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    node = start_node(tmp_path_factory.mktemp("mp"), "--min-part-size", "1KiB")
+def small_parts_node() -> Iterator[InProcessNode]:
+    node = like_the_session_node(min_part_size=KIB)
     yield node
-    node.stop()
+    node.close()
 
 
 @pytest.fixture(scope="module")
-def mp(small_parts_node: Node):
-    return make_client(small_parts_node.endpoint)
+def mp(small_parts_node: InProcessNode):
+    return small_parts_node.client()
 
 
 @pytest.fixture
@@ -255,7 +250,8 @@ def test_no_such_upload_after_abort_and_retried_complete_answers_again(mp, mp_bu
     assert code_of(exc) == ("NoSuchUpload", 404)
 
 
-def test_upload_id_is_bound_to_its_key_bucket_and_tenant(mp, small_parts_node: Node, mp_bucket: str) -> None:
+def test_upload_id_is_bound_to_its_key_bucket_and_tenant(mp, small_parts_node: InProcessNode,
+                                                         mp_bucket: str) -> None:
     upload_id = mp.create_multipart_upload(Bucket=mp_bucket, Key="mine")["UploadId"]
     with pytest.raises(ClientError) as exc:
         mp.upload_part(Bucket=mp_bucket, Key="other-key", UploadId=upload_id, PartNumber=1, Body=b"x")
@@ -443,13 +439,13 @@ BUDGET = 256 * KIB
 
 
 @pytest.fixture
-def tight(tmp_path: Path) -> Iterator:
+def tight() -> Iterator:
     """A node with a 256 KiB budget; its client does not retry (503s would be retried)."""
-    node = start_node(tmp_path, "--memory", "256KiB", "--min-part-size", "1KiB")
-    client = make_client(node.endpoint, retries={"total_max_attempts": 1})
+    node = like_the_session_node(memory=BUDGET, min_part_size=KIB)
+    client = node.client(retries={"total_max_attempts": 1})
     client.create_bucket(Bucket="tight")
     yield client
-    node.stop()
+    node.close()
 
 
 def _slow_down(exc: pytest.ExceptionInfo[ClientError]) -> None:

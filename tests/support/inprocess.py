@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import secrets
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -29,7 +32,7 @@ from ctxstore_server.tenants import TenantRegistry
 
 from .nodes import ACCESS_KEY, OTHER_ACCESS_KEY, OTHER_SECRET_KEY, SECRET_KEY
 
-ENDPOINT = "http://inprocess.ctx.test"
+ENDPOINT = "http://inprocess.ctx.test:9000"
 ADMIN_TOKEN = "in-process-admin-token"
 
 
@@ -56,7 +59,11 @@ class _Body(io.BytesIO):
 
 
 class InProcessNode:
-    """The node's application in this process, with tenants ``default`` and ``other`` and an admin token."""
+    """The node's application in this process, with tenants ``default`` and ``other`` and an admin token.
+
+    ``endpoint`` and ``port`` are what its clients put in their Host header and sign; nothing listens there."""
+
+    port = 9000
 
     def __init__(self, **settings: Any) -> None:
         self.clock = FakeClock()
@@ -67,6 +74,12 @@ class InProcessNode:
         engine = Engine(EngineConfig.from_settings(self.settings), clock=self.clock)
         self.app = App(self.settings, tenants, engine)
         self.loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()  # one request at a time on the loop (clients may be used from threads)
+
+    @property
+    def endpoint(self) -> str:
+        """The address the clients sign for (never resolved: nothing here opens a socket)."""
+        return ENDPOINT
 
     @property
     def engine(self) -> Engine:
@@ -79,22 +92,32 @@ class InProcessNode:
         """Move the engine's clock (TTLs, pins, upload lifetimes)."""
         self.clock.advance(seconds)
 
+    def catch_up(self) -> None:
+        """Move the clock up to the wall clock, never back: a node that many tests share ages as a real one."""
+        self.clock.advance(max(0.0, time.time() - self.clock.now))
+
     def housekeep(self) -> int:
         """One housekeeping pass, as the node's background task makes every 250 ms."""
         return self.engine.reap()
 
-    def client(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY, **config: Any) -> Any:
-        """A boto3 S3 client whose requests this node answers."""
-        client = boto3.client("s3", endpoint_url=ENDPOINT, region_name="us-east-1", aws_access_key_id=access_key,
+    def client(self, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY, *, endpoint: str = ENDPOINT,
+               **config: Any) -> Any:
+        """A boto3 S3 client whose requests this node answers (``endpoint``: the address it signs for; e.g.
+        the node's virtual-host domain)."""
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=access_key,
                               aws_secret_access_key=secret_key, config=Config(**config) if config else None)
         client.meta.events.register_first("before-send.s3", self._answer)
         return client
+
+    def other_client(self, **config: Any) -> Any:
+        """A boto3 S3 client of the tenant ``other``."""
+        return self.client(OTHER_ACCESS_KEY, OTHER_SECRET_KEY, **config)
 
     def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         """A call of the admin API (``path`` under /_ctx/v1/admin) with the token: (status, decoded JSON)."""
         data = json.dumps(body).encode() if body is not None else b""
         headers = [(b"authorization", f"Bearer {ADMIN_TOKEN}".encode()), (b"content-type", b"application/json"),
-                   (b"host", b"inprocess.ctx.test"), (b"content-length", str(len(data)).encode())]
+                   (b"host", b"inprocess.ctx.test:9000"), (b"content-length", str(len(data)).encode())]
         status, _, answer = self.request(method, "/_ctx/v1/admin" + path, headers, data)
         return status, json.loads(answer) if answer else None
 
@@ -104,8 +127,9 @@ class InProcessNode:
         path, _, query = raw_path.partition("?")
         scope = {"type": "http", "http_version": "1.1", "method": method, "scheme": "http",
                  "path": unquote(path), "raw_path": path.encode(), "query_string": query.encode(),
-                 "headers": headers, "client": ("127.0.0.1", 1), "server": ("inprocess.ctx.test", 80)}
-        return self.loop.run_until_complete(self._call(scope, body))
+                 "headers": headers, "client": ("127.0.0.1", 1), "server": ("inprocess.ctx.test", 9000)}
+        with self._lock:
+            return self.loop.run_until_complete(self._call(scope, body))
 
     async def _call(self, scope: dict[str, Any], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         messages = [{"type": "http.request", "body": body, "more_body": False}]
@@ -144,3 +168,23 @@ class InProcessNode:
         status, answer_headers, answer = self.request(request.method, raw_path, headers, data)
         decoded = {k.decode("latin-1"): v.decode("latin-1") for k, v in answer_headers}
         return AWSResponse(request.url, status, decoded, _Body(answer))
+
+
+def like_the_session_node(**settings: Any) -> InProcessNode:
+    """An in-process node set up as the session's real node of tests/conftest.py (512 MiB, default TTL 1 h,
+    virtual hosts under ``s3.ctx.test``), with ``settings`` on top."""
+    return InProcessNode(**{"memory": 512 << 20, "default_ttl": 3600.0, "domain": "s3.ctx.test", **settings})
+
+
+@contextmanager
+def scratch_bucket(client: Any, prefix: str = "test") -> Iterator[str]:
+    """A fresh bucket of ``client``'s tenant, emptied and deleted afterwards."""
+    name = f"{prefix}-{secrets.token_hex(6)}"
+    client.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for obj in page.get("Contents", []):
+                client.delete_object(Bucket=name, Key=obj["Key"])
+        client.delete_bucket(Bucket=name)

@@ -16,11 +16,14 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from unittest import mock
+from urllib.parse import urlsplit
+from xml.etree import ElementTree
 
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
+from .inprocess import InProcessNode
 from .nodes import ACCESS_KEY, SECRET_KEY, Node
 
 UNSIGNED = "UNSIGNED-PAYLOAD"
@@ -50,11 +53,14 @@ class Signed:
     amz_date: str
 
 
-def sign(node: Node, method: str, target: str, *, payload_hash: str = UNSIGNED,
+def sign(node: Node | InProcessNode, method: str, target: str, *, payload_hash: str = UNSIGNED,
          headers: dict[str, str] | None = None, access: str = ACCESS_KEY, secret: str = SECRET_KEY,
-         when: datetime.datetime | None = None) -> Signed:
-    """SigV4-sign ``method target`` (target = raw path plus optional ``?query``) with botocore."""
-    request = AWSRequest(method=method, url=f"{node.endpoint}{target}", headers=dict(headers or {}))
+         when: datetime.datetime | None = None, host: str | None = None) -> Signed:
+    """SigV4-sign ``method target`` (target = raw path plus optional ``?query``) with botocore, for ``node``'s
+    endpoint or, with ``host``, for that Host header (then part of the signed headers returned)."""
+    url = f"http://{host}{target}" if host else f"{node.endpoint}{target}"
+    all_headers = {"Host": host, **(headers or {})} if host else dict(headers or {})
+    request = AWSRequest(method=method, url=url, headers=all_headers)
     auth = _FixedPayloadAuth(access, secret, payload_hash)
     if when is None:
         auth.add_auth(request)
@@ -118,6 +124,9 @@ class RawResponse:
     def code(self) -> str | None:
         match = re.search(rb"<Code>([^<]*)</Code>", self.body)
         return match.group(1).decode() if match else None
+
+    def xml(self) -> ElementTree.Element:
+        return ElementTree.fromstring(self.body)
 
 
 class RawConn:
@@ -203,13 +212,22 @@ class RawConn:
         return self.read_response(head_only=method == "HEAD")
 
 
-def raw_request(node: Node, method: str, target: str, headers: dict[str, str],
+def raw_request(node: Node | InProcessNode, method: str, target: str, headers: dict[str, str],
                 body: bytes = b"") -> RawResponse:
+    """One request as given: on a connection of its own to a real node, through ASGI to an in-process one
+    (with the Host header a client would send, unless given)."""
+    if isinstance(node, InProcessNode):
+        sent = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        if not any(k == b"host" for k, _ in sent):
+            sent.append((b"host", urlsplit(node.endpoint).netloc.encode()))
+        status, answer_headers, data = node.request(method, target, sent, body)
+        return RawResponse(status, {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in answer_headers},
+                           b"" if method == "HEAD" else data)
     with RawConn(node) as conn:
         return conn.request(method, target, headers, body)
 
 
-def signed_request(node: Node, method: str, target: str, body: bytes = b"", *,
+def signed_request(node: Node | InProcessNode, method: str, target: str, body: bytes = b"", *,
                    payload_hash: str | None = None, headers: dict[str, str] | None = None,
                    **kwargs: object) -> RawResponse:
     """A correctly signed request with the body's SHA-256 (unless told otherwise) and Content-Length."""
@@ -221,7 +239,7 @@ def signed_request(node: Node, method: str, target: str, body: bytes = b"", *,
     return raw_request(node, method, target, signed.headers, body)
 
 
-def assert_healthy(node: Node) -> None:
+def assert_healthy(node: Node | InProcessNode) -> None:
     resp = raw_request(node, "GET", "/_ctx/health/live", {})
     assert resp.status == 200
 
