@@ -1,60 +1,29 @@
-"""``ctxstore serve --workers N`` (server/shards.py): N shard processes on consecutive ports, each an
-independent node with 1/N of the budget, that the client reaches as ``host:FIRST-LAST``; the parent hands its
-credentials to every shard, restarts a shard that dies and stops them all on SIGTERM. Also the per-shard split
-of the settings and the port-range syntax of node lists."""
+"""``ctxstore serve --workers N`` (server/shards.py), the parent process: N shard processes on consecutive ports,
+each an independent node with 1/N of the budget, that the client reaches as ``host:FIRST-LAST``; the parent
+hands its (generated) credentials to every shard, refuses a bad ``--workers`` or a port in use, and gives each
+shard its share of the flash tier. Also the per-shard split of the settings and the port-range syntax of node
+lists. What goes through the shards of a running node (placement, budgets, S3, the pod view, a shard that dies
+and is restarted) is in test_shards.py."""
 
 from __future__ import annotations
 
 import os
 import re
-import secrets
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port_run, make_client, wait_ready
-from support.probes import ADMIN_TOKEN, Admin, wait_until
+from support.nodes import ACCESS_KEY, SECRET_KEY, free_port_run, make_client
+from support.probes import Admin, wait_until
+from workers_support import shard, start_workers
 
-from ctxstore import ContextStore, Timeouts
 from ctxstore.endpoints import parse_endpoints
 from ctxstore_server import shards
 from ctxstore_server.settings import Settings
 
 MiB = 1 << 20
-
-
-def start_workers(tmp: Path, n: int, *args: str, env: dict[str, str] | None = None,
-                  credentials: bool = True) -> Node:
-    port = free_port_run(n)
-    log = tmp / f"workers-{port}.log"
-    full_env = {**os.environ, "CTXSTORE_ADMIN_TOKEN": ADMIN_TOKEN, **(env or {})}
-    if credentials:
-        full_env.update(CTXSTORE_ACCESS_KEY=ACCESS_KEY, CTXSTORE_SECRET_KEY=SECRET_KEY)
-    else:
-        full_env.pop("CTXSTORE_ACCESS_KEY", None)
-        full_env.pop("CTXSTORE_SECRET_KEY", None)
-    cmd = [sys.executable, "-m", "ctxstore_server.serve", "--port", str(port), "--workers", str(n), *args]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
-    node = Node(port=port, proc=proc, log=log, env=full_env)
-    for i in range(n):
-        wait_ready(Node(port=port + i, proc=proc, log=log))
-    return node
-
-
-def shard(node: Node, i: int) -> Node:
-    return Node(port=node.port + i, proc=node.proc, log=node.log, env=node.env)
-
-
-@pytest.fixture(scope="module")
-def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    node = start_workers(tmp_path_factory.mktemp("workers"), 2, "--memory", "64MiB")
-    yield node
-    node.stop()
 
 
 def test_a_run_of_free_ports_skips_a_taken_one_and_leaks_no_socket(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,60 +42,6 @@ def test_a_run_of_free_ports_skips_a_taken_one_and_leaks_no_socket(monkeypatch: 
         first = support.nodes.free_port_run(2)
         assert first != port - 1 and port not in (first, first + 1)
         gc.collect()  # a leaked socket warns here, and the suite's warnings are errors
-
-
-def test_each_shard_is_a_node_with_its_share_of_the_budget(workers: Node) -> None:
-    stats = [Admin(shard(workers, i)).stats() for i in range(2)]
-    assert [s["budget"] for s in stats] == [32 * MiB, 32 * MiB]
-    ids = [Admin(shard(workers, i)).call("GET", "/info")["node_id"] for i in range(2)]
-    assert len(set(ids)) == 2  # each its own node in stats and events
-
-
-def test_a_client_spreads_blocks_over_the_shards_and_gets_them_back(workers: Node) -> None:
-    nodes = f"127.0.0.1:{workers.port}-{workers.port + 1}"
-    with ContextStore(nodes, access_key=ACCESS_KEY, secret_key=SECRET_KEY, strict=True,
-                      timeouts=Timeouts(connect=5, read=10, total=30)) as store:
-        ns = store.namespace("shards-" + secrets.token_hex(4), model="test/workers")
-        tokens = list(range(16 * 64))
-        blocks = [os.urandom(32 << 10) for _ in range(64)]
-        assert ns.save(tokens, blocks).stored == 64
-        restored = ns.restore(tokens)
-        assert restored.n_blocks == 64 and [bytes(b) for b in restored.blocks] == blocks
-        held = [Admin(shard(workers, i)).bucket(ns.bucket)["objects"] for i in range(2)]
-        assert sum(held) == 64 and min(held) > 10  # rendezvous hashing spread them
-        assert ns.delete(tokens) == 64
-
-
-def test_s3_tools_work_against_every_shard(workers: Node) -> None:
-    for i in range(2):
-        s3 = make_client(shard(workers, i).endpoint)
-        name = f"s3-shard{i}-" + secrets.token_hex(4)
-        s3.create_bucket(Bucket=name)
-        s3.put_object(Bucket=name, Key="k", Body=b"hello")
-        assert s3.get_object(Bucket=name, Key="k")["Body"].read() == b"hello"
-        s3.delete_object(Bucket=name, Key="k")
-        s3.delete_bucket(Bucket=name)
-
-
-def test_a_shard_that_dies_is_started_again(tmp_path: Path) -> None:
-    node = start_workers(tmp_path, 2, "--memory", "32MiB")
-    try:
-        pids = [int(p) for p in subprocess.run(["pgrep", "-P", str(node.proc.pid)], capture_output=True,
-                                                 text=True, check=True).stdout.split()]
-        assert len(pids) == 2
-        os.kill(pids[1], signal.SIGKILL)
-        def both_back() -> bool:
-            alive = subprocess.run(["pgrep", "-P", str(node.proc.pid)], capture_output=True, text=True).stdout
-            return len(alive.split()) == 2 and str(pids[1]) not in alive.split()
-        assert wait_until(both_back, timeout=15)
-        wait_ready(shard(node, 1))
-        wait_ready(shard(node, 0))
-        assert node.proc.poll() is None
-    finally:
-        assert node.stop() == 0
-    for i in range(2):  # the shards went with their parent
-        with pytest.raises(OSError):
-            socket.create_connection(("127.0.0.1", node.port + i), timeout=1).close()
 
 
 def test_generated_credentials_are_the_same_on_every_shard(tmp_path: Path) -> None:
@@ -215,18 +130,3 @@ def test_each_shard_has_its_own_share_of_the_flash_tier(tmp_path: Path) -> None:
         assert all(list((disk / f"shard-{i}").glob("seg-*.dat")) for i in range(2))
     finally:
         node.stop()
-
-
-@pytest.mark.timeout(600)
-def test_the_bulk_and_s3_suites_pass_against_a_two_shard_node(tmp_path: Path) -> None:
-    # The session node of tests/conftest.py becomes a --workers 2 node (the tests talk to its first shard): the
-    # bulk data path below ASGI and the S3 path, whole suites, on a shard exactly as on a single node.
-    tests = Path(__file__).resolve().parent.parent
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "run"),
-         str(tests / "bulk"), str(tests / "s3")],
-        env={**os.environ, "CTXSTORE_TEST_WORKERS": "2"}, cwd=tests.parent, capture_output=True, text=True,
-        timeout=540, check=False)
-    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
-    assert out.returncode == 0 and " passed" in summary and "failed" not in summary, \
-        out.stdout[-6000:] + out.stderr[-2000:]
