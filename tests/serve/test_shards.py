@@ -101,7 +101,8 @@ def test_each_shard_is_a_node_with_its_share_of_the_budget_and_its_own_id(node: 
     ids = [Admin(shard(node, i)).call("GET", "/info")["node_id"] for i in range(N)]
     assert ids == [f"box/shard-{i}" for i in range(N)]  # each its own node in stats and events
     settings = [Admin(shard(node, i)).call("GET", "/settings")["settings"] for i in range(N)]
-    assert [(s["port"], s["workers"], s["default_ttl"]) for s in settings] == [(node.port + i, 1, 3600) for i in range(N)]
+    assert [(s["port"], s["workers"], s["default_ttl"]) for s in settings] == [
+        (node.port + i, 1, 3600) for i in range(N)]
 
 
 def test_a_shard_over_its_budget_evicts_its_own_blocks_only(node: Node) -> None:
