@@ -41,8 +41,9 @@ degraded (``stats().degraded`` says why, logged once): appends are refused from 
 """
 
 from .format import FormatError
+from .housekeeping import HousekeepReport
 from .index import FlashIndex
-from .store import FlashStore, HousekeepReport
+from .store import FlashStore
 from .types import (
     ALREADY_EXPIRED,
     CLOSED,

@@ -49,6 +49,12 @@ class FlashIndex:
         self._slots = np.zeros(_pow2(int(cap / _REBUILD_LOAD)), np.uint32)
         self._mask = np.uint64(self._slots.size - 1)
 
+    @property
+    def high(self) -> int:
+        """Rows ``[0, high)`` have been used at least once (the rest of the arrays is spare capacity): a
+        vectorized pass over the rows need not look further. Rows below it may be free (``seg == FREE_SEG``)."""
+        return self._high
+
     # ------------------------------------------------------------------------------------------ lookups
 
     def find(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .format import FOOTER_ENTRY, FormatError, SegmentHeader
+from .osutil import close_quietly
 from .segments import (
     list_segment_files,
     open_reader,
@@ -219,8 +220,5 @@ def _load_segment(path: Path, sid: int, report: RecoveryReport, direct: bool
     except OSError as e:
         log.warning("flash: cannot read %s: %s", path, e)
         report.corrupt_segments += 1
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+        close_quietly(fd)
         return None, [], empty

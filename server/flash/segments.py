@@ -193,3 +193,15 @@ def seal_scanned(fd: int, header: SegmentHeader, scanned: Scanned) -> int:
     os.ftruncate(fd, pos)
     os.fdatasync(fd)
     return pos
+
+
+def footer_keys(fd: int, size: int, offsets: set[int]) -> dict[int, tuple[str, str]]:
+    """offset -> (bucket, key) of the records at ``offsets`` of a sealed segment, from its footer."""
+    trailer = read_trailer(fd, size)
+    buckets, entries = read_footer_index(fd, trailer)
+    keys = read_footer_keys(fd, trailer, entries)
+    out = {}
+    for off, b, k in zip(entries["offset"].tolist(), entries["bucket"].tolist(), keys):
+        if off in offsets:
+            out[off] = (buckets[b], k.decode())
+    return out

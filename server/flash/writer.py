@@ -34,6 +34,7 @@ import numpy as np
 import xxhash
 
 from .format import BLOCK, FOOTER_ENTRY, TRAILER, SegmentHeader, align, pack_record_header, record_size
+from .osutil import close_quietly, unlink_quietly
 from .segments import footer_bytes, segment_path
 from .state import DEAD_LOG, STATE_FILE, atomic_write, encode_dead, fsync_dir
 from .types import IO_ERROR, FlashRecord
@@ -207,7 +208,7 @@ class Writer(threading.Thread):
             self._fail(OSError(errno.EIO, f"writer thread failed: {e!r}"), "writer")
         finally:
             for seg in list(self._open.values()):
-                self._io.submit(_close_quietly, seg.fd)
+                self._io.submit(close_quietly, seg.fd)
             self._io.shutdown(wait=True)
             if self._dead_fd >= 0:
                 os.close(self._dead_fd)
@@ -436,7 +437,7 @@ class Writer(threading.Thread):
                 os.pwrite(fd, self._bufs[2], 0)
             except OSError:
                 os.close(fd)
-                _unlink_quietly(path)
+                unlink_quietly(path)
                 raise
         except OSError:
             self.space.release(self.segment_bytes)
@@ -454,7 +455,7 @@ class Writer(threading.Thread):
             except OSError as e:
                 if e.errno != errno.EINVAL:
                     raise
-                _unlink_quietly(path)
+                unlink_quietly(path)
                 log.info("flash: %s does not support O_DIRECT; writing through the page cache", self.directory)
                 self.direct = False
         return os.open(path, flags, 0o644)
@@ -481,7 +482,7 @@ class Writer(threading.Thread):
         except OSError as e:
             self._fail(e, "seal")
         finally:
-            _close_quietly(seg.fd)
+            close_quietly(seg.fd)
         self.space.release(self.segment_bytes - size if size else 0)
         self.post("sealed", seg.header.segment_id, size)
 
@@ -493,7 +494,7 @@ class Writer(threading.Thread):
                     self._seal(seg)
                 elif stopping:
                     del self._open[seg.window]
-                    self._io.submit(_close_quietly, seg.fd)
+                    self._io.submit(close_quietly, seg.fd)
 
     # ----------------------------------------------------------------------------- small files, errors
 
@@ -533,17 +534,3 @@ class Writer(threading.Thread):
 
 
 _ZEROS = bytes(8)
-
-
-def _close_quietly(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

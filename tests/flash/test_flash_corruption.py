@@ -160,7 +160,7 @@ def test_a_fingerprint_collision_is_a_miss_and_never_another_keys_bytes(tmp_path
         await store.open()
         await append_all(store, [record("y", 1, 5000)])
         loc = store.lookup("b", "y").location  # type: ignore[union-attr]
-        fp_x = fingerprint(store._seed("b"), b"x")
+        fp_x = fingerprint(store._buckets.seed("b"), b"x")
         store.index.put(np.array([fp_x], np.uint64), np.array([loc.segment], np.uint32),
                         np.array([loc.offset], np.uint32), np.array([loc.payload_len], np.uint32),
                         np.array([loc.header_len], np.uint32), np.array([4e9]), np.array([0], np.uint32))

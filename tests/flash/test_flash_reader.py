@@ -85,7 +85,7 @@ def test_segments_are_read_with_o_direct_and_the_store_reuses_its_read_buffers(t
         store = small_store(tmp_path, 64 * MiB, segment_bytes=4 * MiB)
         await store.open()
         assert all(r.stored for r in await append_all(store, recs))
-        fds = [seg.rfd for seg in store._segs.values()]
+        fds = [seg.rfd for seg in store._segments]
         assert fds and all(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT for fd in fds)
         for _ in range(2):
             blocks = await store.read_many("b", [r.key for r in recs])
@@ -96,9 +96,9 @@ def test_segments_are_read_with_o_direct_and_the_store_reuses_its_read_buffers(t
                 del blocks
                 await asyncio.sleep(0)  # the read's done-callbacks (holding its results) run on the next turn
                 gc.collect()
-                kept, fresh = store.stats().buffer_bytes, store._buffers.fresh
+                kept, fresh = store.stats().buffer_bytes, store._reads.buffers.fresh
                 assert kept > 0
-        assert store._buffers.fresh == fresh  # the second read took kept buffers
+        assert store._reads.buffers.fresh == fresh  # the second read took kept buffers
         await store.close()
         assert store.stats().buffer_bytes == 0
 
@@ -112,7 +112,7 @@ def test_direct_io_off_reads_through_the_page_cache(tmp_path: Path) -> None:
         store = small_store(tmp_path, direct_io=False)
         await store.open()
         await append_all(store, recs)
-        assert not any(fcntl.fcntl(seg.rfd, fcntl.F_GETFL) & os.O_DIRECT for seg in store._segs.values())
+        assert not any(fcntl.fcntl(seg.rfd, fcntl.F_GETFL) & os.O_DIRECT for seg in store._segments)
         blocks = await store.read_many("b", [r.key for r in recs])
         assert [check_payload(r.key, b.payload) if b else None for r, b in zip(recs, blocks)] == list(range(10))
         await store.close()

@@ -228,15 +228,15 @@ def test_a_walk_over_every_key_holds_one_segment_and_a_listing_is_let_go_when_id
         pages = [page async for page in store.keys_by_segment("b")]
         assert len(pages) > 1 and sorted(k for page in pages for k in page) == keys
         assert [page async for page in store.keys_by_segment("nope")] == []
-        assert store._list_cache is None  # the walk kept no listing
+        assert store._listing.cache is None  # the walk kept no listing
         assert await store.list_keys("b", "", 10) == keys[:10]
-        assert store._list_cache is not None  # paging through the bucket costs one scan
+        assert store._listing.cache is not None  # paging through the bucket costs one scan
         clock.t += LIST_CACHE_IDLE / 2
         await store.housekeep()
-        assert store._list_cache is not None
+        assert store._listing.cache is not None
         clock.t += LIST_CACHE_IDLE + 1
         await store.housekeep()
-        assert store._list_cache is None
+        assert store._listing.cache is None
         assert await store.list_keys("b", keys[-2]) == keys[-1:]  # and listing still works
         await store.close()
 
