@@ -10,6 +10,7 @@ from .budget import Reservation
 from .config import EngineConfig
 from .engine import Engine
 from .errors import Kind, StorageError
+from .lower import DISK, RAM, BlockRef
 from .objects import (
     BUCKET_OVERHEAD,
     OBJECT_OVERHEAD,
@@ -25,7 +26,6 @@ from .objects import (
     etag_matches,
 )
 from .store import REMOVAL_REASONS, BlockWrite
-from .tier import DISK, RAM, BlockRef
 
 __all__ = [
     "BUCKET_OVERHEAD", "DISK", "OBJECT_OVERHEAD", "PART_OVERHEAD", "RAM", "REMOVAL_REASONS", "UPLOAD_OVERHEAD",

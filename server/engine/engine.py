@@ -7,19 +7,21 @@ The parts (each readable alone):
 ``store``       :class:`~.store.ObjectStore` — buckets, objects, TTLs, pins, eviction
 ``multipart``   :class:`~.multipart.Multipart` — uploads in progress and their parts
 ``operator``    :class:`~.operator.Operator` — stats and the operator verbs
-``tier``        :class:`~.tier.FlashTier` — the flash tier below RAM, when the node has one
+``tier``        :class:`~.lower.LowerTier` — the tier below RAM: :class:`~.tier.FlashTier` on a node with a
+                flash directory, :class:`~.lower.NoLowerTier` (holds nothing) on a RAM-only node
+``reads``       :class:`~.reads.TierReads` — the reads that span both tiers (locate, fetch, list, prefetch)
 ==============  ==============================================================================
 
 The protocol layers, the admin API, events and metrics talk to :class:`Engine` only. Every synchronous method
 runs to completion on the caller's thread, so each call is atomic with respect to every other call made from
-the same event loop. The ``async`` ones are those that may read the flash tier (:meth:`Engine.fetch`,
+the same event loop. The ``async`` ones are those that may read the lower tier (:meth:`Engine.fetch`,
 :meth:`Engine.fetch_many`, listing, the operator's flush): after their await they check again what RAM holds,
-so a write that landed meanwhile wins.
+so a write that landed meanwhile wins. Nothing here asks whether the node has a flash tier: the lower tier
+always exists, and a new engine operation is written once, against :class:`~.lower.LowerTier`.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
@@ -29,17 +31,17 @@ from ..flash import RecoveryReport
 from . import errors
 from .budget import Budget, Reservation
 from .config import EngineConfig
+from .lower import DiskListener, LowerTier, NoLowerTier
 from .multipart import Multipart
 from .objects import OBJECT_OVERHEAD, Bucket, Completion, Part, Payload, StoredObject, Upload
 from .operator import Operator
+from .reads import TierReads
 from .store import BlockWrite, Clock, ObjectStore, RemovalListener, StoreListener
-from .tier import DISK, RAM, DiskListener, FlashTier
+from .tier import FlashTier
 
 T = TypeVar("T")
 
 log = logging.getLogger("ctxstore.engine")
-
-LIST_CHUNK = 1000  # keys taken from RAM (or flash) at a time when a listing merges the tiers
 
 
 class Engine:
@@ -51,55 +53,42 @@ class Engine:
         self.budget = Budget(self.config)
         self.store = ObjectStore(self.config, self.budget, clock)
         self.multipart = Multipart(self.config, self.budget, self.store, clock)
-        self.operator = Operator(self.config, self.budget, self.store, self.multipart)
-        self.tier: FlashTier | None = None
+        self.tier: LowerTier = NoLowerTier()
         if self.config.disk_path:
-            self.tier = FlashTier(self.config, self.store, clock)
-            self.tier.manifest_source = self.manifest
-            self.store.lower = self.tier
-            self.operator.tier_stats = self.tier.stats
+            flash = FlashTier(self.config, self.store, clock)
+            flash.manifest_source = self.manifest
+            self.tier = flash
+        self.store.lower = self.tier
+        self.operator = Operator(self.config, self.budget, self.store, self.multipart, self.tier)
+        self.reads = TierReads(self.config, self.store, self.tier, clock)
 
     # ------------------------------------------------------------------ lifecycle (the flash tier)
 
     async def open(self) -> RecoveryReport | None:
-        """Bring the flash tier up: rebuild its index, restore buckets, policies and quotas from its manifest,
-        forget blocks of buckets the manifest does not know. Serve only after this returns."""
-        tier = self.tier
-        if tier is None:
-            return None
-        report = await tier.open(self.config.disk_reset)
-        self._restore(report.manifest or {})
-        for name in tier.flash.buckets():
-            if name not in self.store.buckets:
-                tier.flash.drop_bucket(name)
-        tier.refresh(tier.flash.stats())
-        await tier.save_manifest()
-        return report
+        """Bring the lower tier up: rebuild its index, restore buckets, policies and quotas from its manifest,
+        forget blocks of buckets the manifest does not know. Serve only after this returns. None: the node
+        has no flash tier (nothing to recover)."""
+        return await self.tier.open(self.config.disk_reset, self._restore)
 
     def announce_recovered(self) -> None:
-        """Send a ``stored`` event (disk medium) for every block the flash tier recovered, in the background:
+        """Send a ``stored`` event (disk medium) for every block the lower tier recovered, in the background:
         call once the event publishers run, so routers that lost this node's view learn it again."""
-        tier = self.tier
-        if tier is not None and tier.recovery is not None and tier.recovery.blocks and tier.listeners:
-            tier.announce_recovered()
+        self.tier.announce_recovered()
 
     async def close(self, spill_seconds: float = 0.0) -> int:
-        """A clean shutdown of the flash tier: write what waits for it, and for up to ``spill_seconds`` what
+        """A clean shutdown of the lower tier: write what waits for it, and for up to ``spill_seconds`` what
         only RAM holds (so a planned restart keeps it), save the manifest, seal the segments. Returns how many
         blocks were spilled from RAM."""
-        if self.tier is None:
-            return 0
         return await self.tier.close(spill_seconds)
 
     async def housekeep_disk(self) -> None:
-        """The flash tier's bounded background work (expiry, eviction, compaction); call it every second."""
-        if self.tier is not None:
-            await self.tier.housekeep()
+        """The lower tier's bounded background work (expiry, eviction, compaction); call it every second."""
+        await self.tier.housekeep()
 
     @property
     def disk_degraded(self) -> str | None:
         """Why the flash tier stopped writing (a device error), or None."""
-        return None if self.tier is None else self.tier.flash.degraded
+        return self.tier.degraded
 
     def manifest(self) -> dict[str, Any]:
         """What a restart needs besides the blocks: buckets with their owners and policies, tenant quotas."""
@@ -127,8 +116,7 @@ class Engine:
             self.operator.set_tenant_quota(str(tenant), int(quota))
 
     def _manifest_changed(self) -> None:
-        if self.tier is not None:
-            self.tier.manifest_changed()
+        self.tier.manifest_changed()
 
     # ------------------------------------------------------------------ listeners
 
@@ -141,7 +129,7 @@ class Engine:
             self.store.on_store.append(on_store)
         if on_remove is not None:
             self.store.on_remove.append(on_remove)
-        if on_disk is not None and self.tier is not None:
+        if on_disk is not None:
             self.tier.listeners.append(on_disk)
 
     # ------------------------------------------------------------------ budget levels
@@ -206,27 +194,7 @@ class Engine:
         buckets = self.store.buckets
         chosen = [buckets[name]] if name is not None and name in buckets else (
             [] if name is not None else list(buckets.values()))
-        tier = self.tier
-        listed: dict[str, list[str]] = {}
-        if tier is not None:
-            with tier.watch() as fresh:  # blocks demoted while flash is listed are added from here
-                for b in chosen:
-                    listed[b.name] = await tier.keys_under(b.name, "")
-                at()
-                now = self.clock()
-                out = {}
-                for b in chosen:
-                    if buckets.get(b.name) is not b:
-                        continue
-                    ram = [k for k, o in b.objects.items() if not o.expired(now)]
-                    in_ram = set(ram)
-                    maybe = [k for k in dict.fromkeys(listed[b.name] + fresh.get(b.name, [])) if k not in in_ram]
-                    disk = sorted(k for k, size in zip(maybe, tier.sizes(b.name, maybe)) if size is not None)
-                    out[b.name] = (b.owner, sorted(in_ram.union(disk)), disk)
-                return out
-        at()
-        now = self.clock()
-        return {b.name: (b.owner, [k for k, o in b.objects.items() if not o.expired(now)], []) for b in chosen}
+        return await self.reads.live_keys(chosen, at)
 
     # ------------------------------------------------------------------ objects
 
@@ -239,23 +207,7 @@ class Engine:
         while it needs a RAM victim demoted and the flash write queue is full: backpressure instead of a dropped
         block. Past ``disk_write_wait`` it raises InsufficientCapacity (503 SlowDown, a retryable bulk error).
         Reads never come here: a promotion that finds no room sends its block from a transient buffer."""
-        deadline: float | None = None
-        while True:
-            try:
-                return attempt()
-            except errors.FlashQueueFull:
-                tier = self.tier
-                assert tier is not None
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.config.disk_write_wait
-                    tier.counters.write_waits += 1
-                if now >= deadline:
-                    tier.counters.write_refusals += 1
-                    raise errors.InsufficientCapacity(
-                        f"RAM is full and the flash tier's write queue stayed full for {self.config.disk_write_wait:g} "
-                        "s (the device is slower than the writes): retry", retry_after=1.0) from None
-                await tier.queue_progress(deadline - now)
+        return await self.tier.with_write_room(attempt)
 
     def reserve(self, tenant: str, bucket_name: str, nbytes: int | None, fixed: int = OBJECT_OVERHEAD, *,
                 key: str | None = None, same_request: bool = False) -> Reservation:
@@ -295,7 +247,7 @@ class Engine:
         obj = self.store.put(tenant, bucket_name, key, data, etag=etag, ttl=ttl, content_type=content_type,
                              headers=headers, user_meta=user_meta, checksums=checksums, parts_count=parts_count,
                              if_none_match=if_none_match, if_match=if_match, reservation=reservation, xxh3=xxh3)
-        self._to_flash_after_write(obj)
+        self.tier.after_write(obj)
         return obj
 
     def put_blocks(self, tenant: str, bucket_name: str, blocks: list[BlockWrite], *, ttl: float | None,
@@ -307,21 +259,8 @@ class Engine:
         # segment first, so the chain's head must be the last of them written (what goes is then its tail).
         for obj in reversed(out):
             if isinstance(obj, StoredObject):
-                self._to_flash_after_write(obj)
+                self.tier.after_write(obj)
         return out
-
-    def _to_flash_after_write(self, obj: StoredObject) -> None:
-        """``disk_direct_size``: a large object goes to flash right after its write (served from the demotion
-        queue until it lands; in RAM while it waits for room in that queue) instead of taking RAM until it is
-        evicted. Otherwise ``disk_write_back``: a copy goes to flash and the object stays in RAM."""
-        tier = self.tier
-        if tier is None:
-            return
-        threshold = self.config.disk_direct_size
-        if threshold and obj.size >= threshold:
-            tier.send_direct(obj)
-        elif self.config.disk_write_back:
-            tier.write_back(obj)
 
     def exists(self, tenant: str, bucket_name: str, key: str) -> bool:
         """Whether either tier holds a live object at ``key`` (not counted as a read)."""
@@ -329,12 +268,7 @@ class Engine:
 
     def existing(self, tenant: str, bucket_name: str, keys: list[str]) -> list[bool]:
         """Per key, whether either tier holds a live object there (not counted as a read)."""
-        bucket = self.store.bucket(tenant, bucket_name)
-        found = [obj is not None for obj in self.store.lookup_in(bucket, keys, record=False, count_misses=False)]
-        tier = self.tier
-        if tier is not None:
-            found = [hit or tier.holds(bucket_name, key) for hit, key in zip(found, keys, strict=True)]
-        return found
+        return self.reads.existing(self.store.bucket(tenant, bucket_name), keys)
 
     def get(self, tenant: str, bucket_name: str, key: str, *, record: bool = True) -> StoredObject:
         """The live object at ``key``; ``record`` counts a hit/miss, refreshes LRU and slides the TTL."""
@@ -345,117 +279,35 @@ class Engine:
         return self.store.lookup(tenant, bucket_name, keys)
 
     def locate(self, tenant: str, bucket_name: str, keys: list[str]) -> tuple[list[int], list[str | None] | None]:
-        """Per key the live block's payload size (-1 where absent) and its tier (``ram``, ``disk`` or None),
-        RAM first; the tiers are None on a node without a flash tier (every present block is in RAM). Counts
-        hits (and flash hits) and misses, touches LRU. No I/O: the flash tier answers from its index. Flat
-        lists, not a tuple per key: a lookup of 8192 keys is on the hot path."""
-        bucket = self.store.bucket(tenant, bucket_name)
-        tier = self.tier
-        ram = self.store.lookup(tenant, bucket_name, keys, count_misses=tier is None)
-        sizes = [-1 if o is None else o.size for o in ram]
-        if tier is None:
-            return sizes, None
-        if -1 not in sizes:
-            return sizes, [RAM] * len(sizes)
-        tiers: list[str | None] = [None if o is None else RAM for o in ram]
-        absent = [i for i, size in enumerate(sizes) if size < 0]
-        stats = bucket.stats
-        for i, size in zip(absent, tier.sizes(bucket.name, [keys[i] for i in absent])):
-            if size is None:
-                stats.misses += 1
-            else:
-                stats.hits += 1
-                stats.disk_hits += 1
-                sizes[i], tiers[i] = size, DISK
-        return sizes, tiers
+        """Per key the live block's payload size (-1 where absent) and its tier (``ram``, ``disk`` or None;
+        None for all when every present block is in RAM); counts hits and misses (see
+        :meth:`.reads.TierReads.locate`)."""
+        return self.reads.locate(self.store.bucket(tenant, bucket_name), keys)
 
     async def fetch(self, tenant: str, bucket_name: str, key: str, *, record: bool = True,
                     meta_only: bool = False) -> StoredObject:
-        """The live object at ``key`` from RAM or the flash tier (NoSuchKey if neither has it). ``record``:
-        count the hit or miss, refresh LRU, slide the TTL, promote a flash hit into RAM. ``meta_only``: a flash
-        hit reads only the record's header (HEAD); its ``data`` is then empty."""
-        tier = self.tier
-        if tier is None:
-            return self.store.get(tenant, bucket_name, key, record=record)
+        """The live object at ``key`` from RAM or the lower tier (NoSuchKey if neither has it). ``record``:
+        count the hit or miss, refresh LRU, slide the TTL, promote a lower-tier hit into RAM. ``meta_only``: a
+        lower-tier hit reads only the record's header (HEAD); its ``data`` is then empty."""
         bucket = self.store.bucket(tenant, bucket_name)
-        found = await self._fetch(bucket, [key], record=record, meta_only=meta_only)
-        if found[0] is None:
+        [found] = await self.reads.fetch(bucket, [key], record=record, meta_only=meta_only)
+        if found is None:
             raise errors.NoSuchKey(bucket=bucket_name, key=key)
-        return found[0]
+        return found
 
     async def fetch_many(self, tenant: str, bucket_name: str, keys: list[str]) -> list[StoredObject | None]:
-        """Live objects for many keys from RAM or the flash tier (None where absent), recorded as reads. The
-        flash reads of one call are bounded to half the budget; keys beyond that are answered as misses."""
-        if self.tier is None:
-            return self.store.lookup(tenant, bucket_name, keys)
-        bucket = self.store.bucket(tenant, bucket_name)
-        return await self._fetch(bucket, keys, record=True, meta_only=False)
-
-    async def _fetch(self, bucket: Bucket, keys: list[str], *, record: bool, meta_only: bool
-                     ) -> list[StoredObject | None]:
-        tier = self.tier
-        assert tier is not None
-        store = self.store
-        out = store.lookup_in(bucket, keys, record=record, count_misses=False)
-        absent = [i for i, o in enumerate(out) if o is None]
-        if absent:
-            names = [keys[i] for i in absent]
-            if not meta_only:  # a bounded read: what does not fit is a miss (a recompute, never an error)
-                room, chosen = self.config.budget // 2, []
-                for i, size in zip(absent, tier.sizes(bucket.name, names)):
-                    if size is not None and size <= room:
-                        room -= size
-                        chosen.append(i)
-                absent, names = chosen, [keys[i] for i in chosen]
-            read = await tier.read(bucket, names, with_payload=not meta_only) if names else []
-            # RAM may have got a newer version during the read: it wins.
-            again = store.lookup_in(bucket, names, record=record, count_misses=False)
-            now = self.clock()
-            for i, ram, obj in zip(absent, again, read):
-                if ram is not None:
-                    out[i] = ram
-                elif obj is not None:
-                    out[i] = obj
-                    if record:
-                        self._record_disk_hit(bucket, obj, now, promote=not meta_only)
-        if record:
-            bucket.stats.misses += sum(1 for o in out if o is None)
-        return out
-
-    def _record_disk_hit(self, bucket: Bucket, obj: StoredObject, now: float, *, promote: bool) -> None:
-        tier = self.tier
-        assert tier is not None
-        stats = bucket.stats
-        stats.hits += 1
-        stats.disk_hits += 1
-        if bucket.sliding_ttl and now + obj.ttl > obj.expires_at:
-            obj.expires_at = now + obj.ttl
-            tier.touch(bucket.name, [obj.key], obj.expires_at)
-        if promote:
-            tier.promote(bucket, obj)
+        """Live objects for many keys from RAM or the lower tier (None where absent), recorded as reads. The
+        lower tier's reads of one call are bounded to half the budget; keys beyond that are answered as misses."""
+        return await self.reads.fetch(self.store.bucket(tenant, bucket_name), keys, record=True, meta_only=False)
 
     async def resident(self, tenant: str, bucket_name: str, key: str) -> None:
-        """Bring a flash-only object into RAM (before a write conditional on its ETag); a no-op otherwise."""
-        if self.tier is None:
-            return
-        bucket = self.store.bucket(tenant, bucket_name)
-        if self.store.lookup_in(bucket, [key], record=False, count_misses=False)[0] is None:
-            [obj] = await self.tier.read(bucket, [key])
-            if obj is not None and obj.transient:
-                self.tier.promote(bucket, obj)
+        """Bring an object only the lower tier holds into RAM (before a write conditional on its ETag)."""
+        await self.reads.resident(self.store.bucket(tenant, bucket_name), key)
 
     def prefetch(self, tenant: str, bucket_name: str, keys: list[str]) -> dict[str, int]:
-        """Start promoting the flash-resident ``keys`` into RAM ahead of a restore; returns at once how many
-        keys are in RAM, on flash, in neither tier, and how many it started reading (0 when the node's
-        prefetches are all busy, or it has no flash tier)."""
-        bucket = self.store.bucket(tenant, bucket_name)
-        now = self.clock()
-        in_ram = sum(1 for k in keys if (o := bucket.objects.get(k)) is not None and not o.expired(now))
-        if self.tier is None:
-            return {"ram": in_ram, "disk": 0, "missing": len(keys) - in_ram, "started": 0}
-        on_disk = sum(1 for size in self.tier.sizes(bucket.name, keys) if size is not None)
-        started = self.tier.prefetch(bucket, keys)
-        return {"ram": in_ram, "disk": on_disk, "missing": max(0, len(keys) - in_ram - on_disk), "started": started}
+        """Start promoting the lower tier's ``keys`` into RAM ahead of a restore; returns at once how many keys
+        are in RAM, below it, in neither tier, and how many it started reading."""
+        return self.reads.prefetch(self.store.bucket(tenant, bucket_name), keys)
 
     def record_read(self, obj: StoredObject, nbytes: int) -> None:
         """Count payload bytes sent to a reader."""
@@ -470,37 +322,11 @@ class Engine:
         """Live objects in RAM in key order from ``start``."""
         return self.store.iter_objects(tenant, bucket_name, start, inclusive)
 
-    async def list_objects(self, tenant: str, bucket_name: str, start: str = "", inclusive: bool = True
-                           ) -> AsyncGenerator[StoredObject, None]:
-        """Live objects of both tiers in key order from ``start`` (a key in both is listed once, from RAM).
-        Flash-resident ones come with their metadata (read from their record headers) and no payload."""
-        bucket = self.store.bucket(tenant, bucket_name)
-        tier = self.tier
-        if tier is None:
-            for obj in self.store.iter_objects(tenant, bucket_name, start, inclusive):
-                yield obj
-            return
-        cursor, first = start, inclusive  # keys > cursor (>= on the first round when inclusive)
-        while True:
-            # A chunk from RAM, taken at once: the bucket may change while flash is read below.
-            ram = list(itertools.islice(self.store.iter_objects(tenant, bucket_name, cursor, first), LIST_CHUNK))
-            raw = await tier.list_page(bucket.name, _before(cursor) if first else cursor, LIST_CHUNK)
-            names = [k for k in raw if k >= cursor] if first else raw
-            # Emit up to the first point where either source may have more keys it has not shown yet.
-            ends = [ram[-1].key] if len(ram) == LIST_CHUNK else []
-            if len(raw) == LIST_CHUNK:
-                ends.append(raw[-1])
-            bound = min(ends) if ends else None
-            ram_keys = {o.key for o in ram}
-            names = [k for k in names if k not in ram_keys and (bound is None or k <= bound)]
-            disk = [o for o in await tier.read(bucket, names, with_payload=False) if o is not None] if names else []
-            merged = [o for o in ram if bound is None or o.key <= bound] + disk
-            merged.sort(key=lambda o: o.key)
-            for obj in merged:
-                yield obj
-            if bound is None:
-                return
-            cursor, first = bound, False
+    def list_objects(self, tenant: str, bucket_name: str, start: str = "", inclusive: bool = True
+                     ) -> AsyncGenerator[StoredObject, None]:
+        """Live objects of both tiers in key order from ``start`` (a key in both is listed once, from RAM);
+        the lower tier's come with their metadata and no payload."""
+        return self.reads.list_objects(tenant, self.store.bucket(tenant, bucket_name), start, inclusive)
 
     def pin(self, tenant: str, bucket_name: str, keys: Iterable[str], seconds: float) -> int:
         return self.store.pin(tenant, bucket_name, keys, seconds)
@@ -548,7 +374,7 @@ class Engine:
         done = self.multipart.complete(tenant, bucket_name, key, upload_id, parts, if_none_match=if_none_match,
                                        if_match=if_match, checksums=checksums)
         if isinstance(done, StoredObject):
-            self._to_flash_after_write(done)
+            self.tier.after_write(done)
         return done
 
     def abort_upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> None:
@@ -593,8 +419,6 @@ class Engine:
         many were live in RAM plus how many the flash tier held."""
         ram = self.operator.flush(name, prefix)
         tier = self.tier
-        if tier is None:
-            return ram
         bucket = self.store.bucket_named(name)
         held = tier.forget(bucket, await tier.keys_under(name, prefix), "flushed")
         if not prefix:
@@ -605,18 +429,9 @@ class Engine:
         """Expire every object of a bucket (or under ``prefix``) in both tiers now; how many were live (RAM
         plus flash)."""
         ram = self.operator.expire_now(name, prefix)
-        if self.tier is None:
-            return ram
         return ram + await self.tier.expire(self.store.bucket_named(name), prefix)
 
     def set_limits(self, *, budget: int | None = None, default_ttl: float | None = None,
                    max_ttl: float | None = None) -> dict[str, Any]:
         return self.operator.set_limits(budget=budget, default_ttl=default_ttl, max_ttl=max_ttl)
 
-
-def _before(key: str) -> str:
-    """A string just below ``key`` in code-point order, so a listing "after" it includes ``key`` itself."""
-    if not key:
-        return ""
-    last = ord(key[-1])
-    return key[:-1] if last == 0 else key[:-1] + chr(last - 1) + "\U0010ffff"

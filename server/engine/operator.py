@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 from ..settings import check_ttls
 from . import errors
 from .budget import Budget
 from .config import EngineConfig
+from .lower import LowerTier
 from .multipart import Multipart
 from .objects import Bucket, BucketStats
 from .store import ObjectStore
@@ -20,12 +20,13 @@ from .store import ObjectStore
 class Operator:
     """Stats and operator verbs over the object store, the uploads and the budget."""
 
-    def __init__(self, config: EngineConfig, budget: Budget, store: ObjectStore, multipart: Multipart) -> None:
+    def __init__(self, config: EngineConfig, budget: Budget, store: ObjectStore, multipart: Multipart,
+                 tier: LowerTier) -> None:
         self.config = config
         self.budget = budget
         self.store = store
         self.multipart = multipart
-        self.tier_stats: Callable[[], dict[str, Any]] | None = None  # the flash tier's, when there is one
+        self.tier = tier
         self.removed_stats = BucketStats()  # counters of deleted buckets, so global totals never go back
 
     def forget_bucket(self, bucket: Bucket) -> None:
@@ -108,17 +109,8 @@ class Operator:
                 "over_budget": max(0, self.budget.used - config.budget)}
 
     def disk_stats(self) -> dict[str, Any]:
-        """The flash tier's levels and counters (all zero without one)."""
-        if self.tier_stats is not None:
-            return self.tier_stats()
-        return {"disk_budget": 0, "disk_used": 0, "disk_objects": 0, "disk_bytes": 0, "disk_segments": 0,
-                "disk_queued_bytes": 0, "disk_direct_waiting": 0, "disk_index_bytes": 0, "disk_degraded": 0,
-                "prefetches": 0,
-                "disk_bytes_read": 0, "disk_bytes_written": 0, "disk_evictions": 0, "disk_expirations": 0,
-                "disk_corrupt": 0, "disk_compactions": 0, "disk_degraded_reason": None, "disk_recovery": None,
-                "disk_dropped_short_ttl": 0, "disk_dropped_too_large": 0, "disk_dropped_over_share": 0,
-                "disk_dropped_not_writing": 0, "disk_write_waits": 0, "disk_write_refusals": 0,
-                "disk_buckets": {}}
+        """The lower tier's levels and counters (all zero on a RAM-only node)."""
+        return self.tier.stats()
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Global counters and per-bucket counters (with hit ratios); ``reset`` zeroes counters after reading."""

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import xxhash
 
 from . import errors
-from .buffers import PayloadBuffers
 from .budget import Budget, Reservation
+from .buffers import PayloadBuffers
 from .config import EngineConfig
+from .lower import LowerTier, NoLowerTier
 from .objects import OBJECT_OVERHEAD, Bucket, Payload, StoredObject, etag_matches
 
 Scope = Bucket | str | None  # what an eviction may take from: one bucket, a tenant's buckets, or every bucket
@@ -47,18 +48,6 @@ class BlockWrite(NamedTuple):
 # Why an object left the store; also the `reason` of a removal event.
 # ``demoted``: it moved to the flash tier (a change of medium; the tier announces it once the write lands).
 REMOVAL_REASONS = ("evicted", "expired", "deleted", "flushed", "replaced", "demoted")
-
-class LowerTier(Protocol):
-    """The tier below RAM (the flash tier, :mod:`.tier`), as the RAM store uses it."""
-
-    def demote(self, obj: StoredObject) -> bool: ...
-    def queued_object(self, bucket: str, key: str) -> StoredObject | None: ...
-    def holds(self, bucket: str, key: str) -> bool: ...
-    def forget(self, bucket: Bucket, keys: Iterable[str], reason: str | None) -> int: ...
-    def drop_bucket(self, name: str) -> int: ...
-    def live_blocks(self, name: str) -> int: ...
-    def touch(self, bucket: str, keys: Sequence[str], expires_at: float) -> int: ...
-
 
 StoreListener = Callable[[StoredObject], None]
 RemovalListener = Callable[[StoredObject, str], None]
@@ -85,7 +74,7 @@ class ObjectStore:
         self.count: dict[str, int] = {_NODE: 0}  # live objects per scope (_NODE or a tenant)
         self.on_store: list[StoreListener] = []
         self.on_remove: list[RemovalListener] = []
-        self.lower: LowerTier | None = None  # the flash tier, when the node has one
+        self.lower: LowerTier = NoLowerTier()  # the tier below RAM (the engine sets the node's)
         self.buffers = PayloadBuffers(budget, lambda delta: budget.charge(NODE_STATE, delta, "state"), clock)
 
     # ------------------------------------------------------------------ buckets
@@ -132,12 +121,11 @@ class ObjectStore:
         bucket = self.bucket(tenant, name)
         now = self.clock()
         if any(not obj.expired(now) for obj in bucket.objects.values()) or (
-                self.lower is not None and self.lower.live_blocks(name)):
+                self.lower.live_blocks(name)):
             raise errors.BucketNotEmpty(bucket=name)
         for obj in list(bucket.objects.values()):
             self._remove(obj, "expired")
-        if self.lower is not None:
-            self.lower.drop_bucket(name)  # expired blocks may linger there; a re-created bucket must not see them
+        self.lower.drop_bucket(name)  # expired blocks may linger there; a re-created bucket must not see them
         del self.buckets[name]
         self.budget.charge(NODE_STATE, -bucket.charge, "state")
         return bucket
@@ -258,8 +246,7 @@ class ObjectStore:
                 if stepped_over > limit:
                     raise errors.InsufficientCapacity("everything left to evict is pinned")
                 continue
-            lower = self.lower
-            self._remove(victim, "demoted" if lower is not None and lower.demote(victim) else "evicted")
+            self._remove(victim, "demoted" if self.lower.demote(victim) else "evicted")
 
     def _count(self, scope: Scope) -> int:
         if isinstance(scope, Bucket):
@@ -421,8 +408,8 @@ class ObjectStore:
         old = bucket.objects.get(key)  # an expired one may have been reaped to make room
         if old is not None:
             self._remove(old, "replaced" if old is live_old else "expired")
-        if self.lower is not None:  # an older version on flash is superseded (announced before the new one)
-            self.lower.forget(bucket, (key,), "replaced")
+        # An older version below RAM is superseded (announced before the new one).
+        self.lower.forget(bucket, (key,), "replaced")
         self._insert(bucket, obj)
         bucket.stats.puts += 1
         bucket.stats.bytes_in += obj.size
@@ -455,7 +442,7 @@ class ObjectStore:
         current = bucket.objects.get(key)
         if current is not None and current.expired(now):
             current = None
-        if current is None and self.lower is not None and (if_none_match or if_match is not None):
+        if current is None and (if_none_match or if_match is not None):
             current = self.lower.queued_object(bucket.name, key)
             if current is None and self.lower.holds(bucket.name, key):
                 if if_none_match is True:
@@ -506,7 +493,7 @@ class ObjectStore:
 
     def demote_now(self, obj: StoredObject) -> bool:
         """Move a live object to the tier below at once (not for room: by policy); False if it stays."""
-        if self.lower is None or not obj.live or obj.pinned(self.clock()) or not self.lower.demote(obj):
+        if not obj.live or obj.pinned(self.clock()) or not self.lower.demote(obj):
             return False
         self._remove(obj, "demoted")
         return True
@@ -652,7 +639,7 @@ class ObjectStore:
         """Remove ``key``. Returns whether a live object was removed (S3 answers 204 either way)."""
         bucket = self.bucket(tenant, bucket_name)
         obj = bucket.objects.get(key)
-        on_lower = self.lower is not None and self.lower.forget(bucket, (key,), "deleted") > 0
+        on_lower = self.lower.forget(bucket, (key,), "deleted") > 0
         if obj is None:
             if on_lower:
                 bucket.stats.deletes += 1
@@ -734,7 +721,7 @@ class ObjectStore:
             life = self.resolve_ttl(bucket, ttl if ttl is not None else obj.ttl)
             if now + life > obj.expires_at:
                 self._set_expiry(obj, now + life)
-        if elsewhere and self.lower is not None:  # flash-resident: the requested (else the bucket's) TTL
+        if elsewhere:  # below RAM: the requested (else the bucket's) TTL
             count += self.lower.touch(bucket.name, elsewhere, now + self.resolve_ttl(bucket, ttl))
         return count
 

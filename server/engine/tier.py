@@ -11,7 +11,7 @@ The storage itself (segments, index, recovery) is :mod:`ctxstore_server.flash`; 
   It leaves RAM's accounting at once (so the write that needed room proceeds), but stays readable from
   :attr:`FlashTier.demoting` until its write lands. What waits for a write is bounded (``disk_queue``): a victim
   that finds the queue full stays in RAM and the write that needed its room waits for the queue
-  (:meth:`Engine.with_write_room`, ``disk_write_wait``), then is refused: backpressure, never a dropped block.
+  (:meth:`FlashTier.with_write_room`, ``disk_write_wait``), then is refused: backpressure, never a dropped block.
   A block that came back from flash unchanged is still on flash: its demotion writes nothing.
   ``disk_direct_size`` sends large blocks down right after their write; one that finds the queue full stays in
   RAM and waits its turn, going down as earlier writes land.
@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -56,13 +56,14 @@ from ..flash import (
 )
 from . import errors
 from .config import EngineConfig
+from .lower import BlockRef, DiskListener, ManifestRestore
 from .objects import Bucket, StoredObject
 from .store import NODE_STATE, ObjectStore
 
 log = logging.getLogger("ctxstore.flash")
 
-RAM = "ram"
-DISK = "disk"
+T = TypeVar("T")
+
 STORED = "stored"
 REMOVED = "removed"
 
@@ -77,20 +78,6 @@ PREFETCH_KEYS = 1024  # keys one prefetch read asks the flash store for at a tim
 # Direct writes waiting for the demotion queue (keys only: the blocks are in RAM). Beyond this the oldest is
 # forgotten and goes down when it is evicted instead; it bounds the list while flash cannot keep up for long.
 DIRECT_WAITING = 1 << 16
-
-
-class BlockRef(NamedTuple):
-    """What an event says about a block the flash tier holds (or held)."""
-
-    bucket: str
-    tenant: str
-    key: str
-    size: int
-    expires_at: float
-
-
-# (type: STORED | REMOVED, block, reason or None): events of the disk medium, and of demotion.
-DiskListener = Callable[[str, BlockRef, str | None], None]
 
 
 def encode_meta(obj: StoredObject) -> bytes:
@@ -207,9 +194,17 @@ class FlashTier:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def open(self, reset: bool) -> RecoveryReport:
+    async def open(self, reset: bool, restore: ManifestRestore) -> RecoveryReport:
+        """Rebuild the index, hand the manifest (buckets, policies, quotas) to ``restore``, forget blocks of
+        buckets the manifest does not know. The node serves only after this returns."""
         report = await self.flash.open(reset=reset)
         self.recovery = report
+        restore(report.manifest or {})
+        for name in self.flash.buckets():
+            if name not in self.store.buckets:
+                self.flash.drop_bucket(name)
+        self.refresh(self.flash.stats())
+        await self.save_manifest()
         return report
 
     async def close(self, spill_seconds: float = 0.0) -> int:
@@ -291,6 +286,8 @@ class FlashTier:
     def announce_recovered(self) -> None:
         """After a restart: a ``stored`` event (disk medium) for every block recovered, in the background, so
         a router that lost its view of this node (its event epoch changed) learns what it holds again."""
+        if self.recovery is None or not self.recovery.blocks or not self.listeners:
+            return
         task = asyncio.get_running_loop().create_task(self._announce_recovered())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -378,7 +375,43 @@ class FlashTier:
     def flash_open(self) -> bool:
         return self.recovery is not None
 
+    @property
+    def degraded(self) -> str | None:
+        """Why the flash tier stopped writing (a device error), or None."""
+        return self.flash.degraded
+
     # ------------------------------------------------------------------ demotion
+
+    def after_write(self, obj: StoredObject) -> None:
+        """``disk_direct_size``: a large object goes to flash right after its write (served from the demotion
+        queue until it lands; in RAM while it waits for room in that queue) instead of taking RAM until it is
+        evicted. Otherwise ``disk_write_back``: a copy goes to flash and the object stays in RAM."""
+        threshold = self.config.disk_direct_size
+        if threshold and obj.size >= threshold:
+            self.send_direct(obj)
+        elif self.config.disk_write_back:
+            self.write_back(obj)
+
+    async def with_write_room(self, attempt: Callable[[], T]) -> T:
+        """``attempt()`` (a reservation opening or growing, before the bytes it holds room for are read), waiting
+        while it needs a RAM victim demoted and the write queue is full: backpressure instead of a dropped
+        block. Past ``disk_write_wait`` it raises InsufficientCapacity (503 SlowDown, a retryable bulk error).
+        Reads never come here: a promotion that finds no room sends its block from a transient buffer."""
+        deadline: float | None = None
+        while True:
+            try:
+                return attempt()
+            except errors.FlashQueueFull:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.config.disk_write_wait
+                    self.counters.write_waits += 1
+                if now >= deadline:
+                    self.counters.write_refusals += 1
+                    raise errors.InsufficientCapacity(
+                        f"RAM is full and the flash tier's write queue stayed full for {self.config.disk_write_wait:g} "
+                        "s (the device is slower than the writes): retry", retry_after=1.0) from None
+                await self.queue_progress(deadline - now)
 
     def demote(self, obj: StoredObject) -> bool:
         """Take an eviction victim to flash instead of dropping it. True: it is (or is becoming) flash-resident,
@@ -580,6 +613,10 @@ class FlashTier:
             listener(STORED, ref, None)
 
     # ------------------------------------------------------------------ presence
+
+    def may_hold(self, bucket: str) -> bool:
+        """Whether the tier may hold blocks of ``bucket``: the reads ask it per key (no cheaper answer yet)."""
+        return True
 
     def queued_object(self, bucket: str, key: str) -> StoredObject | None:
         """The victim still waiting for its flash write at (bucket, key), if live."""

@@ -109,3 +109,22 @@ def test_every_package_folder_is_listed_in_pyproject() -> None:
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([name, *rel.parts]))
     assert found <= listed, f"missing from [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_only_the_tier_seam_asks_whether_the_node_has_a_flash_tier() -> None:
+    # The engine talks to a lower tier that always exists (NoLowerTier on a RAM-only node): outside the tier
+    # itself, nothing compares it with None, and the flash directory is read once, where the tier is chosen.
+    seam = {"tier.py", "lower.py", "config.py"}
+    chosen: list[str] = []
+    for path in sorted((ROOT / "server" / "engine").glob("*.py")):
+        if path.name in seam:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in node.ops):
+                names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "") for n in
+                         [node.left, *node.comparators]}
+                assert not names & {"tier", "lower", "flash"}, f"{path.name}:{node.lineno} asks whether there is a tier"
+            if isinstance(node, ast.Attribute) and node.attr == "disk_path":
+                chosen.append(f"{path.name}:{node.lineno}")
+    assert len(chosen) == 1 and chosen[0].startswith("engine.py:"), chosen

@@ -16,7 +16,7 @@ import pytest
 from flash_support import Clock, check_payload, make_payload
 
 from ctxstore_server.engine import BlockWrite, Engine, EngineConfig, StoredObject, errors
-from ctxstore_server.engine import engine as engine_module
+from ctxstore_server.engine import reads as reads_module
 from ctxstore_server.engine import tier as tier_module
 
 T = TypeVar("T")
@@ -529,7 +529,7 @@ def test_conditional_writes_see_flash_resident_objects(tmp_path: Path) -> None:
 
 
 def test_listing_merges_both_tiers_in_order_once_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "LIST_CHUNK", 7)  # many chunk boundaries
+    monkeypatch.setattr(reads_module, "LIST_CHUNK", 7)  # many chunk boundaries
     clock = Clock()
 
     async def go() -> None:
