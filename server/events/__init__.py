@@ -3,9 +3,11 @@
 :mod:`.hub` numbers and fans out the engine's events, :mod:`.stream` serves them over HTTP (with a snapshot),
 :mod:`.zmq` publishes them in vLLM's KV-event format, :mod:`.model` is the event record and its frames."""
 
+from ctxstore.admin_schema import EVENTS_PATH
+
 from .hub import EventHub
 from .model import REMOVED, STORED, STREAM_CONTENT_TYPE, Event, decode_frames, encode_event
-from .stream import EVENTS_PATH, SNAPSHOT_PATH, EventStream
+from .stream import SNAPSHOT_PATH, EventStream
 from .zmq import END_SEQ, ZmqPublisher, block_hash, vllm_batch, vllm_event
 
 __all__ = [
