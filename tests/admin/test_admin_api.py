@@ -1,4 +1,5 @@
-"""The admin API (``/_ctx/v1/admin``) against a real node: the bearer token guards every route (and opens
+"""The admin API (``/_ctx/v1/admin``) against the node's application in-process (a real node where its log
+or its start is what is tested): the bearer token guards every route (and opens
 nothing else), each call leaves one audit line without secrets, and the verbs (info, stats, buckets and
 their policies, tenants and keys, flush / expire-now, runtime settings) have the effect they promise, as
 seen through S3.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import http.client
 import io
 import json
 import os
@@ -32,7 +32,7 @@ from ctxstore_server.app import App
 from ctxstore_server.serve import ensure_admin_token
 from ctxstore_server.settings import Settings
 from ctxstore_server.tenants import TenantRegistry
-from support.raw import sign
+from support.raw import raw_request, sign
 
 TOKEN = "ctx-admin-" + secrets.token_hex(16)
 # The only admin paths served without the token: the API docs and the status page (a page with no data in it,
@@ -55,8 +55,8 @@ class Reply:
         return json.loads(self.body)
 
 
-def request(node: Node, method: str, path: str, body: Any = None, *, token: str | None = TOKEN,
-            headers: dict[str, str] | None = None, raw: bytes | None = None) -> Reply:
+def request(node: Node | InProcessNode, method: str, path: str, body: Any = None, *,
+            token: str | None = TOKEN, headers: dict[str, str] | None = None, raw: bytes | None = None) -> Reply:
     """One HTTP request to ``node`` (``path`` is absolute); ``token`` goes in as ``Authorization: Bearer``."""
     hdrs = dict(headers or {})
     if token is not None:
@@ -64,19 +64,21 @@ def request(node: Node, method: str, path: str, body: Any = None, *, token: str 
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     if data is not None:
         hdrs.setdefault("Content-Type", "application/json")
-    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=10)
-    try:
-        conn.request(method, path, body=data, headers=hdrs)
-        resp = conn.getresponse()
-        return Reply(resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read())
-    finally:
-        conn.close()
+    if data is not None or method in ("POST", "PUT", "PATCH"):
+        hdrs.setdefault("Content-Length", str(len(data or b"")))
+    reply = raw_request(node, method, path, hdrs, data or b"")
+    return Reply(reply.status, reply.headers, reply.body)
+
+
+def client_of(node: Node | InProcessNode, access: str = ACCESS_KEY, secret: str = SECRET_KEY) -> Any:
+    return node.client(access, secret) if isinstance(node, InProcessNode) else client_of(node, access,
+                                                                                             secret)
 
 
 class Admin:
     """Calls to one node's admin API with the right token unless told otherwise."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node | InProcessNode) -> None:
         self.node = node
 
     def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Reply:
@@ -106,8 +108,8 @@ def expires_at(response: dict[str, Any]) -> float:
     return float(response["ResponseMetadata"]["HTTPHeaders"]["x-ctx-expires-at"])
 
 
-def bulk_pin(node: Node, bucket: str, keys: list[str], seconds: float = 300, *, access: str = ACCESS_KEY,
-             secret: str = SECRET_KEY) -> int:
+def bulk_pin(node: Node | InProcessNode, bucket: str, keys: list[str], seconds: float = 300, *,
+             access: str = ACCESS_KEY, secret: str = SECRET_KEY) -> int:
     """Pin ``keys`` through the bulk API (SigV4, like S3)."""
     body = wire.encode_keys_request("pin", wire.KeysRequest(keys=keys, seconds=seconds))
     path = wire.path(bucket, "pin")
@@ -118,7 +120,7 @@ def bulk_pin(node: Node, bucket: str, keys: list[str], seconds: float = 300, *, 
     return int(head["count"])
 
 
-def audit_lines(node: Node) -> list[str]:
+def audit_lines(node: InProcessNode) -> list[str]:
     assert node.log is not None
     return [line for line in node.log.read_text().splitlines() if "ctxstore.audit" in line]
 
@@ -172,7 +174,16 @@ def asgi_call(app: Any, method: str, path: str, headers: dict[str, str] | None =
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def node() -> Iterator[InProcessNode]:
+    """The application with a 64 MiB budget, the token and the tenants ``default`` and ``other``."""
+    started = InProcessNode(memory=64 * MiB, admin_token=TOKEN, keep_time=True)
+    yield started
+    started.close()
+
+
+@pytest.fixture(scope="module")
+def logged_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A real node, for what is read in its log."""
     tmp = tmp_path_factory.mktemp("admin")
     tenants = tmp / "tenants.json"
     tenants.write_text(json.dumps([{"tenant": "other", "access_key": OTHER_ACCESS_KEY,
@@ -184,13 +195,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 
 
 @pytest.fixture(scope="module")
-def admin(node: Node) -> Admin:
+def admin(node: InProcessNode) -> Admin:
     return Admin(node)
 
 
 @pytest.fixture(scope="module")
-def client(node: Node) -> Any:
-    return make_client(node.endpoint)
+def client(node: InProcessNode) -> Any:
+    return node.client()
 
 
 @pytest.fixture
@@ -224,7 +235,7 @@ def test_only_the_docs_and_the_status_page_are_public() -> None:
     assert set(DOCS_PATHS) == PUBLIC
 
 
-def test_every_admin_route_requires_the_token(node: Node, client: Any) -> None:
+def test_every_admin_route_requires_the_token(node: InProcessNode, client: Any) -> None:
     routes = admin_routes()
     # The OpenAPI document lists the same routes (nothing served that the application does not declare).
     doc = request(node, "GET", f"{PREFIX}/openapi.json", token=None).json
@@ -248,7 +259,7 @@ def test_every_admin_route_requires_the_token(node: Node, client: Any) -> None:
             assert reply.status == 401, (method, path, "malformed body", reply.status, reply.body)
 
 
-def test_unauthenticated_calls_change_nothing(node: Node, admin: Admin, client: Any, bucket: str) -> None:
+def test_unauthenticated_calls_change_nothing(node: InProcessNode, admin: Admin, client: Any, bucket: str) -> None:
     client.put_object(Bucket=bucket, Key="keep", Body=b"v")
     before, tenants_before = admin.settings(), admin.ok("GET", "/tenants")
     for token in (None, "wrong"):
@@ -266,7 +277,7 @@ def test_unauthenticated_calls_change_nothing(node: Node, admin: Admin, client: 
     assert {ACCESS_KEY, OTHER_ACCESS_KEY} <= {t["access_key"] for t in tenants_before}
 
 
-def test_the_admin_token_never_opens_s3(node: Node, client: Any, bucket: str) -> None:
+def test_the_admin_token_never_opens_s3(node: InProcessNode, client: Any, bucket: str) -> None:
     client.put_object(Bucket=bucket, Key="secret-block", Body=b"payload-xyz")
     for path in ("/", f"/{bucket}", f"/{bucket}/secret-block"):
         reply = request(node, "GET", path)  # Authorization: Bearer <admin token>
@@ -277,11 +288,11 @@ def test_the_admin_token_never_opens_s3(node: Node, client: Any, bucket: str) ->
     # Nor as an S3 key pair.
     for access, secret in (("admin", TOKEN), (TOKEN, TOKEN)):
         with pytest.raises(ClientError) as info:
-            make_client(node.endpoint, access, secret).list_buckets()
+            client_of(node, access, secret).list_buckets()
         assert error_code(info) == "InvalidAccessKeyId"
 
 
-def test_docs_and_openapi_are_served(node: Node) -> None:
+def test_docs_and_openapi_are_served(node: InProcessNode) -> None:
     docs = request(node, "GET", f"{PREFIX}/docs", token=None)
     assert docs.status == 200 and docs.headers["content-type"].startswith("text/html")
     assert b"openapi.json" in docs.body
@@ -293,7 +304,7 @@ def test_docs_and_openapi_are_served(node: Node) -> None:
     assert TOKEN.encode() not in docs.body + doc.body
 
 
-def test_the_status_page_loads_without_the_token_and_holds_no_data(node: Node, client: Any,
+def test_the_status_page_loads_without_the_token_and_holds_no_data(node: InProcessNode, client: Any,
                                                                     bucket: str) -> None:
     client.put_object(Bucket=bucket, Key="visible-only-with-token", Body=b"v")
     page = request(node, "GET", f"{PREFIX}/status", token=None)
@@ -303,7 +314,7 @@ def test_the_status_page_loads_without_the_token_and_holds_no_data(node: Node, c
 
 
 @pytest.mark.parametrize("path", ["/_ctx/health/live", "/_ctx/health/ready"])
-def test_health_needs_no_token(node: Node, path: str) -> None:
+def test_health_needs_no_token(node: InProcessNode, path: str) -> None:
     get = request(node, "GET", path, token=None)
     assert get.status == 200 and get.json == {"status": "ok"}
     head = request(node, "HEAD", path, token=None)
@@ -363,8 +374,10 @@ def test_a_loopback_node_without_a_token_prints_one_that_works(tmp_path: Path,
 # ---------------------------------------------------------------------------- audit
 
 
-def test_every_call_leaves_one_audit_line_without_secrets(node: Node, admin: Admin, client: Any,
-                                                          bucket: str) -> None:
+def test_every_call_leaves_one_audit_line_without_secrets(logged_node: Node) -> None:
+    node, admin = logged_node, Admin(logged_node)
+    bucket = "adm-" + secrets.token_hex(5)
+    make_client(node.endpoint).create_bucket(Bucket=bucket)
     created = admin.ok("POST", "/tenants", {"tenant": "audited"}, status=201)
     access, secret = created["access_key"], created["secret_key"]
     calls: list[tuple[str, str, Any, str | None, int]] = [
@@ -438,7 +451,7 @@ def test_info(admin: Admin) -> None:
 COUNTERS = ("hits", "misses", "puts", "deletes", "evictions", "expirations", "bytes_in", "bytes_out")
 
 
-def test_stats_follow_s3_traffic_and_reset_keeps_levels(node: Node, admin: Admin, client: Any,
+def test_stats_follow_s3_traffic_and_reset_keeps_levels(node: InProcessNode, admin: Admin, client: Any,
                                                         bucket: str) -> None:
     g0 = admin.stats()
     assert bucket in g0["buckets"] and g0["buckets"][bucket]["objects"] == 0
@@ -589,7 +602,7 @@ def test_policy_malformed_json_and_unknown_bucket(admin: Admin, bucket: str) -> 
 # ---------------------------------------------------------------------------- tenants
 
 
-def test_tenant_lifecycle(node: Node, admin: Admin, client: Any, bucket: str) -> None:
+def test_tenant_lifecycle(node: InProcessNode, admin: Admin, client: Any, bucket: str) -> None:
     client.put_object(Bucket=bucket, Key="mine", Body=b"default tenant data")
     created = admin.ok("POST", "/tenants", {"tenant": "team-a"}, status=201)
     access, secret = created["access_key"], created["secret_key"]
@@ -602,7 +615,7 @@ def test_tenant_lifecycle(node: Node, admin: Admin, client: Any, bucket: str) ->
     assert all("secret" not in name for t in listing.json for name in t)
 
     # The new key works at once and sees nothing of the other tenants.
-    team = make_client(node.endpoint, access, secret)
+    team = client_of(node, access, secret)
     assert team.list_buckets()["Buckets"] == []
     with pytest.raises(ClientError) as info:
         team.get_object(Bucket=bucket, Key="mine")
@@ -636,7 +649,7 @@ def test_tenant_lifecycle(node: Node, admin: Admin, client: Any, bucket: str) ->
 
     # A second key for the same tenant reaches the same buckets; deleting the first leaves the second working.
     second = admin.ok("POST", "/tenants", {"tenant": "team-a"}, status=201)
-    team2 = make_client(node.endpoint, second["access_key"], second["secret_key"])
+    team2 = client_of(node, second["access_key"], second["secret_key"])
     assert team2.get_object(Bucket=own, Key="k")["Body"].read() == b"team data"
     deleted = admin.ok("DELETE", f"/tenants/{access}")
     assert deleted == {"tenant": "team-a", "access_key": access, "deleted": True}
@@ -659,12 +672,12 @@ def test_unknown_access_keys_answer_404(admin: Admin) -> None:
         assert reply.status == 404, (method, body, reply.body)
 
 
-def test_create_with_a_given_key_pair(node: Node, admin: Admin) -> None:
+def test_create_with_a_given_key_pair(node: InProcessNode, admin: Admin) -> None:
     pair = {"tenant": "podwide", "access_key": "PODWIDEKEY000001", "secret_key": "podwide-secret-000001"}
     created = admin.ok("POST", "/tenants", pair, status=201)
     try:
         assert (created["access_key"], created["secret_key"]) == (pair["access_key"], pair["secret_key"])
-        pod = make_client(node.endpoint, pair["access_key"], pair["secret_key"])
+        pod = client_of(node, pair["access_key"], pair["secret_key"])
         assert pod.list_buckets()["Buckets"] == []
         # The CLI may repeat the same creation on a node that already has it (a retry): same answer.
         assert admin.ok("POST", "/tenants", pair, status=201)["access_key"] == pair["access_key"]
@@ -674,7 +687,7 @@ def test_create_with_a_given_key_pair(node: Node, admin: Admin) -> None:
         assert admin.call("POST", "/tenants", {"tenant": "podwide", "access_key": ACCESS_KEY,
                                                "secret_key": "hijack-secret-01"}).status == 409
         assert pod.list_buckets()["Buckets"] == []
-        assert make_client(node.endpoint).list_buckets() is not None  # the default tenant's key still works
+        assert client_of(node).list_buckets() is not None  # the default tenant's key still works
         keys = [t for t in admin.ok("GET", "/tenants") if t["access_key"] == pair["access_key"]]
         assert len(keys) == 1 and keys[0]["tenant"] == "podwide"
     finally:
@@ -725,9 +738,9 @@ def test_flush_a_prefix_then_the_bucket(admin: Admin, client: Any, bucket: str) 
     assert admin.stats()["buckets"][bucket]["objects"] == 0
 
 
-def test_flush_reaches_every_tenant_and_pinned_blocks(node: Node, admin: Admin, client: Any,
+def test_flush_reaches_every_tenant_and_pinned_blocks(node: InProcessNode, admin: Admin, client: Any,
                                                       bucket: str) -> None:
-    other = make_client(node.endpoint, OTHER_ACCESS_KEY, OTHER_SECRET_KEY)
+    other = client_of(node, OTHER_ACCESS_KEY, OTHER_SECRET_KEY)
     name = "adm-other-" + secrets.token_hex(4)
     other.create_bucket(Bucket=name)
     try:
@@ -768,15 +781,14 @@ def test_invalid_flush_requests(admin: Admin, body: dict[str, Any], status: int)
 
 
 @pytest.fixture(scope="module")
-def small_node_started(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    started = start_node(tmp_path_factory.mktemp("small"), "--memory", "8MiB",
-                         env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+def small_node_started() -> Iterator[InProcessNode]:
+    started = InProcessNode(memory=8 * MiB, admin_token=TOKEN, keep_time=True)
     yield started
-    started.stop()
+    started.close()
 
 
 @pytest.fixture
-def small_node(small_node_started: Node) -> Node:
+def small_node(small_node_started: InProcessNode) -> InProcessNode:
     """A node with an 8 MiB budget, emptied and back to its start settings for each test."""
     admin = Admin(small_node_started)
     for summary in admin.ok("GET", "/buckets"):
@@ -794,9 +806,9 @@ def test_get_settings(admin: Admin) -> None:
     assert TOKEN not in json.dumps(reply)
 
 
-def test_set_ttl_settings(small_node: Node) -> None:
+def test_set_ttl_settings(small_node: InProcessNode) -> None:
     admin = Admin(small_node)
-    client = make_client(small_node.endpoint)
+    client = small_node.client()
     client.create_bucket(Bucket="ttl")
     assert admin.stats()["objects"] == 0
     reply = admin.ok("PUT", "/settings", {"default_ttl": "2m", "max_ttl": "10m"})
@@ -831,9 +843,9 @@ def test_invalid_settings_change_nothing(admin: Admin, body: dict[str, Any] | by
     assert after["budget"] == stats_before["budget"] and after["evictions"] == stats_before["evictions"]
 
 
-def test_a_memory_cut_evicts_down_to_the_new_budget(small_node: Node) -> None:
+def test_a_memory_cut_evicts_down_to_the_new_budget(small_node: InProcessNode) -> None:
     admin = Admin(small_node)
-    client = make_client(small_node.endpoint)
+    client = small_node.client()
     client.create_bucket(Bucket="fill")
     block = os.urandom(100 * 1024)
     for i in range(40):
@@ -861,9 +873,9 @@ def test_a_memory_cut_evicts_down_to_the_new_budget(small_node: Node) -> None:
     assert admin.stats()["objects"] >= 21
 
 
-def test_a_cut_below_pinned_bytes_reports_the_excess(small_node: Node) -> None:
+def test_a_cut_below_pinned_bytes_reports_the_excess(small_node: InProcessNode) -> None:
     admin = Admin(small_node)
-    client = make_client(small_node.endpoint)
+    client = small_node.client()
     client.create_bucket(Bucket="pinned")
     block = os.urandom(200 * 1024)
     keys = [f"p{i}" for i in range(10)]

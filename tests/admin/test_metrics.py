@@ -1,26 +1,24 @@
 """Prometheus metrics (docs/metrics.md): the /metrics endpoint and its bearer token, the exposition, request
-and store metrics moving with real S3 and bulk traffic, and a bucket named "metrics" that still works."""
+and store metrics moving with S3 and bulk traffic, and a bucket named "metrics" that still works; against the
+node's application in-process (what it counts is above the transport)."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
-import http.client
 import os
 import secrets
 import time
-import urllib.request
+import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import xxhash
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
-from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client, start_node
+from support.inprocess import InProcessNode
+from support.nodes import ACCESS_KEY, SECRET_KEY
+from support.raw import EMPTY_SHA256, raw_request, sign
 from prometheus_client.parser import text_string_to_metric_families
 
 from ctxstore import __version__, wire
@@ -37,16 +35,15 @@ MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    n = start_node(tmp_path_factory.mktemp("metrics"), "--memory", "64MiB", "--node-id", "metrics-node-1",
-                   env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+def node() -> Iterator[InProcessNode]:
+    n = InProcessNode(memory=64 * MiB, node_id="metrics-node-1", admin_token=TOKEN, keep_time=True)
     yield n
-    n.stop()
+    n.close()
 
 
 @pytest.fixture(scope="module")
-def s3(node: Node) -> Any:
-    return make_client(node.endpoint)
+def s3(node: InProcessNode) -> Any:
+    return node.client()
 
 
 @pytest.fixture
@@ -59,15 +56,13 @@ def bucket(s3: Any) -> Iterator[str]:
     s3.delete_bucket(Bucket=name)
 
 
-def request(node: Node, method: str, path: str, headers: dict[str, str] | None = None,
+def request(node: InProcessNode, method: str, path: str, headers: dict[str, str] | None = None,
             body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", node.port, timeout=15)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
+    all_headers = dict(headers or {})
+    if body or method in ("POST", "PUT"):
+        all_headers.setdefault("Content-Length", str(len(body)))
+    reply = raw_request(node, method, path, all_headers, body)
+    return reply.status, reply.headers, reply.body
 
 
 def bearer(token: str = TOKEN) -> dict[str, str]:
@@ -85,7 +80,7 @@ def parse(text: str) -> Samples:
     return out
 
 
-def scrape(node: Node, path: str = "/metrics") -> Samples:
+def scrape(node: InProcessNode, path: str = "/metrics") -> Samples:
     status, headers, body = request(node, "GET", path, bearer())
     assert status == 200, body
     assert headers["content-type"].startswith("text/plain")
@@ -101,16 +96,9 @@ def requests_total(samples: Samples, api: str, operation: str, status: int) -> f
     return value(samples, "ctxstore_requests_total", api=api, operation=operation, status=str(status))
 
 
-class _Signer(S3SigV4Auth):
-    def payload(self, request: AWSRequest) -> str:  # the bulk API's blocks carry their own XXH3-64
-        return "UNSIGNED-PAYLOAD"
-
-
-def bulk_call(node: Node, bucket: str, op: str, body: bytes) -> tuple[int, bytes]:
-    path = wire.path(bucket, op)
-    req = AWSRequest(method="POST", url=f"http://127.0.0.1:{node.port}{path}", data=body)
-    _Signer(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
-    status, _, reply = request(node, "POST", path, dict(req.headers.items()), body)
+def bulk_call(node: InProcessNode, bucket: str, op: str, body: bytes) -> tuple[int, bytes]:
+    path = wire.path(bucket, op)  # UNSIGNED-PAYLOAD: the bulk API's blocks carry their own XXH3-64
+    status, _, reply = request(node, "POST", path, sign(node, "POST", path).headers, body)
     return status, reply
 
 
@@ -127,7 +115,7 @@ def keys_frame(op: str, keys: list[str], **fields: Any) -> bytes:
 # ============================================================================================ the endpoint
 
 
-def test_the_endpoint_takes_the_admin_token_and_nothing_else(node: Node) -> None:
+def test_the_endpoint_takes_the_admin_token_and_nothing_else(node: InProcessNode) -> None:
     for path in ("/metrics", "/_ctx/metrics"):
         for headers in (bearer("wrong-token"), bearer(""), {"Authorization": f"Bearer {SECRET_KEY}"},
                         {"Authorization": f"bearer {TOKEN}x"}):
@@ -138,15 +126,14 @@ def test_the_endpoint_takes_the_admin_token_and_nothing_else(node: Node) -> None
     status, _, _ = request(node, "GET", "/_ctx/metrics")  # no Authorization at all
     assert status == 401
     # S3 credentials don't open it: a SigV4-signed request for the reserved path is refused...
-    req = AWSRequest(method="GET", url=f"http://127.0.0.1:{node.port}/_ctx/metrics")
-    S3SigV4Auth(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
-    status, _, body = request(node, "GET", "/_ctx/metrics", dict(req.headers.items()))
+    signed = sign(node, "GET", "/_ctx/metrics", payload_hash=EMPTY_SHA256)
+    status, _, body = request(node, "GET", "/_ctx/metrics", signed.headers)
     assert status == 401 and b"ctxstore_" not in body
     # ...and on /metrics an unauthenticated or signed request is S3's (the bucket "metrics" does not exist)
     status, _, body = request(node, "GET", "/metrics")
     assert status == 403 and b"<Code>AccessDenied</Code>" in body
     with pytest.raises(ClientError) as info:
-        make_client(node.endpoint).list_objects_v2(Bucket="metrics")
+        node.client().list_objects_v2(Bucket="metrics")
     assert info.value.response["Error"]["Code"] == "NoSuchBucket"
 
     # The right token, either path, scheme name in any case.
@@ -159,7 +146,7 @@ def test_the_endpoint_takes_the_admin_token_and_nothing_else(node: Node) -> None
     assert status == 405 and "GET" in head["allow"]
 
 
-def test_exposition_parses_and_describes_the_node(node: Node) -> None:
+def test_exposition_parses_and_describes_the_node(node: InProcessNode) -> None:
     status, headers, body = request(node, "GET", "/metrics", bearer())
     assert status == 200
     assert headers["content-type"].startswith("text/plain; version=")
@@ -197,7 +184,7 @@ def test_exposition_parses_and_describes_the_node(node: Node) -> None:
 # ============================================================================================ traffic
 
 
-def test_s3_traffic_moves_request_and_bucket_metrics(node: Node, s3: Any, bucket: str) -> None:
+def test_s3_traffic_moves_request_and_bucket_metrics(node: InProcessNode, s3: Any, bucket: str) -> None:
     before = scrape(node)
     sizes = {"a": 1000, "b": 70_000, "c": 5}
     for key, size in sizes.items():
@@ -209,7 +196,7 @@ def test_s3_traffic_moves_request_and_bucket_metrics(node: Node, s3: Any, bucket
     assert info.value.response["Error"]["Code"] == "NoSuchKey"
     s3.head_object(Bucket=bucket, Key="c")
     with pytest.raises(ClientError):  # a bad signature fails before routing: operation Unknown
-        make_client(node.endpoint, secret="not-the-secret").get_object(Bucket=bucket, Key="a")
+        node.client(ACCESS_KEY, "not-the-secret").get_object(Bucket=bucket, Key="a")
     upload = s3.create_multipart_upload(Bucket=bucket, Key="mpu")["UploadId"]
     during = scrape(node)
     s3.abort_multipart_upload(Bucket=bucket, Key="mpu", UploadId=upload)
@@ -255,7 +242,7 @@ def test_s3_traffic_moves_request_and_bucket_metrics(node: Node, s3: Any, bucket
     assert value(after, "ctxstore_used_bytes") >= sum(sizes.values())
 
 
-def test_bulk_traffic_moves_request_and_bucket_metrics(node: Node, s3: Any, bucket: str) -> None:
+def test_bulk_traffic_moves_request_and_bucket_metrics(node: InProcessNode, s3: Any, bucket: str) -> None:
     before = scrape(node)
     blocks = {"k1": os.urandom(4096), "k2": os.urandom(100)}
     body = put_frame(blocks)
@@ -295,34 +282,32 @@ def test_bulk_traffic_moves_request_and_bucket_metrics(node: Node, s3: Any, buck
     assert status == 200
 
 
-def test_evictions_and_expirations_are_counted(tmp_path: Path) -> None:
-    small = start_node(tmp_path, "--memory", "1MiB", env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+def test_evictions_and_expirations_are_counted() -> None:
+    small = InProcessNode(memory=MiB, admin_token=TOKEN)  # on a fake clock
     try:
-        s3 = make_client(small.endpoint)
+        s3 = small.client()
         s3.create_bucket(Bucket="small")
         for i in range(8):  # 8 x 200 KiB into a 1 MiB budget: the oldest go
             s3.put_object(Bucket="small", Key=f"big-{i}", Body=os.urandom(200 << 10))
         s3.put_object(Bucket="small", Key="short", Body=b"x" * 10, Metadata={"ctx-ttl": "0.3"})
         labels = {"bucket": "small", "tenant": "default"}
-        deadline = time.monotonic() + 10
-        while True:  # the housekeeper reaps expired objects every 0.25 s
-            samples = scrape(small)
-            if value(samples, "ctxstore_bucket_expirations_total", **labels) or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        assert value(scrape(small), "ctxstore_bucket_expirations_total", **labels) == 0
+        small.advance(0.5)
+        small.housekeep()  # the housekeeper's pass (every 0.25 s on a node) reaps the expired object
+        samples = scrape(small)
         assert value(samples, "ctxstore_bucket_expirations_total", **labels) == 1
         assert value(samples, "ctxstore_bucket_evictions_total", **labels) >= 3
         assert value(samples, "ctxstore_bucket_puts_total", **labels) == 9
         assert value(samples, "ctxstore_used_bytes") <= value(samples, "ctxstore_budget_bytes") == MiB
         assert requests_total(samples, "s3", "PutObject", 200) == 9
     finally:
-        small.stop()
+        small.close()
 
 
 # ============================================================================================ /metrics vs S3
 
 
-def test_a_bucket_named_metrics_still_works(node: Node, s3: Any) -> None:
+def test_a_bucket_named_metrics_still_works(node: InProcessNode, s3: Any) -> None:
     s3.create_bucket(Bucket="metrics")
     try:
         s3.put_object(Bucket="metrics", Key="a", Body=b"hello")
@@ -332,10 +317,9 @@ def test_a_bucket_named_metrics_still_works(node: Node, s3: Any) -> None:
         s3.head_bucket(Bucket="metrics")
         assert s3.get_object(Bucket="metrics", Key="a")["Body"].read() == b"hello"
         # A presigned listing of /metrics carries no Authorization header: S3's.
-        presigner = make_client(node.endpoint, signature_version="s3v4")
-        url = presigner.generate_presigned_url("list_objects_v2", Params={"Bucket": "metrics"})
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            listing = resp.read()
+        presigner = node.client(signature_version="s3v4")
+        url = urllib.parse.urlsplit(presigner.generate_presigned_url("list_objects_v2", Params={"Bucket": "metrics"}))
+        listing = raw_request(node, "GET", f"{url.path}?{url.query}", {}).body
         assert b"<Key>a</Key>" in listing and b"<Key>b/c</Key>" in listing
         # A Bearer PUT on /metrics is no scrape either: S3 refuses its authorization.
         status, _, body = request(node, "PUT", "/metrics", bearer())
@@ -393,10 +377,9 @@ def test_every_app_has_its_own_registry_and_counts_a_client_that_went_away() -> 
     one.engine.create_bucket("default", "inproc")
     body = put_frame({"k": os.urandom(1000)})
     path = wire.path("inproc", "put")
-    req = AWSRequest(method="POST", url=f"http://testserver{path}", data=body)
-    _Signer(Credentials(ACCESS_KEY, SECRET_KEY), "s3", "us-east-1").add_auth(req)
+    signed = sign(None, "POST", path, host="testserver")
     headers = [(b"content-length", str(len(body)).encode()),
-               *((k.lower().encode(), v.encode()) for k, v in req.headers.items())]
+               *((k.lower().encode(), v.encode()) for k, v in signed.headers.items() if k.lower() != "host")]
     sent = asyncio.run(_call(one, "POST", path, headers, [
         {"type": "http.request", "body": body[:10], "more_body": True}, {"type": "http.disconnect"}]))
     assert sent == []  # nothing to answer

@@ -1,4 +1,4 @@
-"""Byte quotas against a real node: a tenant (or a bucket) over its quota loses its own least recently used
+"""Byte quotas against the node's application in-process: a tenant (or a bucket) over its quota loses its own least recently used
 blocks, never another tenant's (nor another bucket's); an object larger than a quota is refused whole.
 
 Quotas are set through the admin API; blocks are written and read through S3 (boto3). The node's budget is
@@ -15,33 +15,32 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from support.nodes import Node, make_client, start_node
+from support.inprocess import InProcessNode
 from test_admin_api import TOKEN, Admin, bulk_pin, keys_of
 
 SIZE = 2000  # payload of every ordinary block here; keys have equal lengths so every block costs the same
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    started = start_node(tmp_path_factory.mktemp("quotas"), "--memory", "64MiB",
-                         env={"CTXSTORE_ADMIN_TOKEN": TOKEN})
+def node() -> Iterator[InProcessNode]:
+    started = InProcessNode(memory=64 << 20, admin_token=TOKEN, keep_time=True)
     yield started
-    started.stop()
+    started.close()
 
 
 @pytest.fixture(scope="module")
-def admin(node: Node) -> Admin:
+def admin(node: InProcessNode) -> Admin:
     return Admin(node)
 
 
 class Tenant:
     """A tenant created through the admin API, with its S3 client."""
 
-    def __init__(self, node: Node, admin: Admin, label: str) -> None:
+    def __init__(self, node: InProcessNode, admin: Admin, label: str) -> None:
         self.name = f"{label}-{secrets.token_hex(3)}"
         created = admin.ok("POST", "/tenants", {"tenant": self.name}, status=201)
         self.access, self.secret = created["access_key"], created["secret_key"]
-        self.s3 = make_client(node.endpoint, self.access, self.secret,
+        self.s3 = node.client(self.access, self.secret,
                               retries={"mode": "standard", "total_max_attempts": 1})
         self.admin = admin
 
@@ -82,7 +81,7 @@ def assert_intact(tenant: Tenant, bucket: str, blocks: dict[str, bytes]) -> None
         assert tenant.read(bucket, key) == data, key
 
 
-def test_a_tenant_over_its_quota_loses_its_own_lru_blocks_only(node: Node, admin: Admin) -> None:
+def test_a_tenant_over_its_quota_loses_its_own_lru_blocks_only(node: InProcessNode, admin: Admin) -> None:
     a, b = Tenant(node, admin, "quota-a"), Tenant(node, admin, "quota-b")
     b1 = b.bucket("b1")
     b_blocks = {f"k{i}": b.put(b1, f"k{i}") for i in range(5)}  # the node's least recently used blocks
@@ -126,18 +125,18 @@ def test_a_tenant_over_its_quota_loses_its_own_lru_blocks_only(node: Node, admin
     assert len(keys_of(a.s3, a1)) == 5
 
 
-def test_a_tenant_quota_set_at_creation(node: Node, admin: Admin) -> None:
+def test_a_tenant_quota_set_at_creation(node: InProcessNode, admin: Admin) -> None:
     name = f"created-with-quota-{secrets.token_hex(3)}"
     created = admin.ok("POST", "/tenants", {"tenant": name, "quota": 2 * (SIZE + 1000)}, status=201)
     assert created["quota"] == 2 * (SIZE + 1000)
-    s3 = make_client(node.endpoint, created["access_key"], created["secret_key"])
+    s3 = node.client(created["access_key"], created["secret_key"])
     s3.create_bucket(Bucket=name)
     for i in range(6):
         s3.put_object(Bucket=name, Key=f"k{i}", Body=os.urandom(SIZE))
     assert keys_of(s3, name) == ["k4", "k5"]  # a block costs SIZE + key, metadata and ~700: two fit
 
 
-def test_a_bucket_over_its_quota_loses_its_own_lru_blocks_only(node: Node, admin: Admin) -> None:
+def test_a_bucket_over_its_quota_loses_its_own_lru_blocks_only(node: InProcessNode, admin: Admin) -> None:
     owner, other = Tenant(node, admin, "bq-owner"), Tenant(node, admin, "bq-other")
     plain, quota_bucket = owner.bucket("plain"), owner.bucket("limited")
     theirs = other.bucket("theirs")
@@ -169,7 +168,7 @@ def test_a_bucket_over_its_quota_loses_its_own_lru_blocks_only(node: Node, admin
     assert_intact(other, theirs, their_blocks)
 
 
-def test_an_object_larger_than_the_bucket_quota_is_refused_whole(node: Node, admin: Admin) -> None:
+def test_an_object_larger_than_the_bucket_quota_is_refused_whole(node: InProcessNode, admin: Admin) -> None:
     owner = Tenant(node, admin, "big-b")
     name = owner.bucket("limited")
     blocks = {f"k{i}": owner.put(name, f"k{i}") for i in range(3)}
@@ -187,7 +186,7 @@ def test_an_object_larger_than_the_bucket_quota_is_refused_whole(node: Node, adm
         before["objects"], before["charged"], before["evictions"], before["puts"])
 
 
-def test_an_object_larger_than_the_tenant_quota_is_refused_whole(node: Node, admin: Admin) -> None:
+def test_an_object_larger_than_the_tenant_quota_is_refused_whole(node: InProcessNode, admin: Admin) -> None:
     owner = Tenant(node, admin, "big-t")
     name = owner.bucket("t")
     blocks = {f"k{i}": owner.put(name, f"k{i}") for i in range(3)}
@@ -199,7 +198,7 @@ def test_an_object_larger_than_the_tenant_quota_is_refused_whole(node: Node, adm
     assert bucket_stats(admin, name)["evictions"] == 0
 
 
-def test_a_write_refused_by_the_tenant_quota_evicts_nothing_for_the_bucket_quota(node: Node,
+def test_a_write_refused_by_the_tenant_quota_evicts_nothing_for_the_bucket_quota(node: InProcessNode,
                                                                                  admin: Admin) -> None:
     # The new object fits the bucket's quota only after evicting the bucket's blocks, but it is larger than
     # the tenant's quota: it is refused, and the blocks that would have made room for it are all still there.
@@ -215,7 +214,7 @@ def test_a_write_refused_by_the_tenant_quota_evicts_nothing_for_the_bucket_quota
     assert bucket_stats(admin, name)["evictions"] == 0
 
 
-def test_quota_with_every_own_block_pinned_refuses_rather_than_evicting_others(node: Node,
+def test_quota_with_every_own_block_pinned_refuses_rather_than_evicting_others(node: InProcessNode,
                                                                                admin: Admin) -> None:
     owner, other = Tenant(node, admin, "pinned"), Tenant(node, admin, "bystander")
     theirs = other.bucket("theirs")

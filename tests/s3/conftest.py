@@ -46,7 +46,6 @@ def real_s3_other(server: Node) -> Any:
 def s3(request: pytest.FixtureRequest) -> Any:
     if "server" in request.fixturenames:
         return request.getfixturevalue("real_s3")
-    request.getfixturevalue("inprocess").catch_up()
     return request.getfixturevalue("inprocess_s3")
 
 

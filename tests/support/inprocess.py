@@ -65,12 +65,17 @@ class InProcessNode:
 
     port = 9000
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, *, keep_time: bool = False, **settings: Any) -> None:
+        """``keep_time``: before each request the clock moves up to the wall clock (never back), so a node that
+        many tests share ages as a real one does; without it, time passes only when a test says so."""
         self.clock = FakeClock()
+        self.keep_time = keep_time
         tenants = TenantRegistry()
         tenants.add("default", ACCESS_KEY, SECRET_KEY)
         tenants.add("other", OTHER_ACCESS_KEY, OTHER_SECRET_KEY)
-        self.settings = Settings(**{"admin_token": ADMIN_TOKEN, **settings})
+        # The default tenant's keys are settings too, as on a real node (the admin API shows them masked).
+        self.settings = Settings(**{"admin_token": ADMIN_TOKEN, "access_key": ACCESS_KEY, "secret_key": SECRET_KEY,
+                                    **settings})
         engine = Engine(EngineConfig.from_settings(self.settings), clock=self.clock)
         self.app = App(self.settings, tenants, engine)
         self.loop = asyncio.new_event_loop()
@@ -116,8 +121,9 @@ class InProcessNode:
     def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         """A call of the admin API (``path`` under /_ctx/v1/admin) with the token: (status, decoded JSON)."""
         data = json.dumps(body).encode() if body is not None else b""
-        headers = [(b"authorization", f"Bearer {ADMIN_TOKEN}".encode()), (b"content-type", b"application/json"),
-                   (b"host", b"inprocess.ctx.test:9000"), (b"content-length", str(len(data)).encode())]
+        headers = [(b"authorization", f"Bearer {self.settings.admin_token}".encode()),
+                   (b"content-type", b"application/json"), (b"host", urlsplit(ENDPOINT).netloc.encode()),
+                   (b"content-length", str(len(data)).encode())]
         status, _, answer = self.request(method, "/_ctx/v1/admin" + path, headers, data)
         return status, json.loads(answer) if answer else None
 
@@ -129,6 +135,8 @@ class InProcessNode:
                  "path": unquote(path), "raw_path": path.encode(), "query_string": query.encode(),
                  "headers": headers, "client": ("127.0.0.1", 1), "server": ("inprocess.ctx.test", 9000)}
         with self._lock:
+            if self.keep_time:
+                self.catch_up()
             return self.loop.run_until_complete(self._call(scope, body))
 
     async def _call(self, scope: dict[str, Any], body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
@@ -172,8 +180,9 @@ class InProcessNode:
 
 def like_the_session_node(**settings: Any) -> InProcessNode:
     """An in-process node set up as the session's real node of tests/conftest.py (512 MiB, default TTL 1 h,
-    virtual hosts under ``s3.ctx.test``), with ``settings`` on top."""
-    return InProcessNode(**{"memory": 512 << 20, "default_ttl": 3600.0, "domain": "s3.ctx.test", **settings})
+    virtual hosts under ``s3.ctx.test``, its clock keeping time), with ``settings`` on top."""
+    return InProcessNode(keep_time=True, **{"memory": 512 << 20, "default_ttl": 3600.0, "domain": "s3.ctx.test",
+                                            **settings})
 
 
 @contextmanager

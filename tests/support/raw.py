@@ -53,12 +53,13 @@ class Signed:
     amz_date: str
 
 
-def sign(node: Node | InProcessNode, method: str, target: str, *, payload_hash: str = UNSIGNED,
+def sign(node: Node | InProcessNode | None, method: str, target: str, *, payload_hash: str = UNSIGNED,
          headers: dict[str, str] | None = None, access: str = ACCESS_KEY, secret: str = SECRET_KEY,
          when: datetime.datetime | None = None, host: str | None = None) -> Signed:
     """SigV4-sign ``method target`` (target = raw path plus optional ``?query``) with botocore, for ``node``'s
     endpoint or, with ``host``, for that Host header (then part of the signed headers returned)."""
-    url = f"http://{host}{target}" if host else f"{node.endpoint}{target}"
+    assert node is not None or host is not None
+    url = f"http://{host}{target}" if host else f"{node.endpoint}{target}"  # type: ignore[union-attr]
     all_headers = {"Host": host, **(headers or {})} if host else dict(headers or {})
     request = AWSRequest(method=method, url=url, headers=all_headers)
     auth = _FixedPayloadAuth(access, secret, payload_hash)
