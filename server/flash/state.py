@@ -88,4 +88,5 @@ def load_dead(directory: Path) -> np.ndarray:
     raw = raw[:len(raw) - len(raw) % _DEAD.itemsize]
     arr = np.frombuffer(raw, _DEAD)
     ok = arr["check"] == (~arr["key"] & _MASK64)
-    return arr["key"][ok].copy()
+    keys: np.ndarray = arr["key"][ok].copy()  # a structured array's field is untyped to numpy's stubs
+    return keys
