@@ -6,8 +6,8 @@ Operations, run one after the other in this order (``--ops``):
   (:meth:`ctxstore.AsyncNamespace.save`: one bulk put per node);
 - ``lookup``: how much of each saved prompt the pod holds (:meth:`~ctxstore.AsyncNamespace.lookup`);
 - ``restore``: each saved prompt into a buffer (:meth:`~ctxstore.AsyncNamespace.restore`);
-- ``s3-put`` / ``s3-get``: S3 PutObject / GetObject of ``--object-size`` bytes, signed with the client's own
-  SigV4 (:mod:`ctxstore.sigv4`; boto3 is not needed) and sent to the node each key hashes to.
+- ``s3-put`` / ``s3-get``: S3 PutObject / GetObject of ``--object-size`` bytes, sent as the client sends its
+  own S3 requests (:mod:`ctxstore.s3`, signed with its SigV4; boto3 is not needed) to the node each key hashes to.
 
 Each operation runs ``--concurrency`` requests at a time until it has done ``--count`` of them or ``--duration``
 has passed, whichever comes first. The client is the one inference workers use, in its default, lenient mode: a
@@ -40,16 +40,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
-from .buckets import broken_rule, path_segment
+from . import __version__, s3
+from .buckets import broken_rule
 from .cliargs import ArgumentParser
 from .core import AsyncContextStore, AsyncNamespace, Timeouts
 from .credentials import resolve_credentials
 from .endpoints import parse_endpoints
-from .errors import ContextStoreError, s3_error
+from .errors import ContextStoreError
 from .pod import Node
 from .transport import BytesReader, Response
-from .units import parse_duration, parse_size, plural
+from .units import format_size, parse_duration, parse_size, plural
 
 OPS = ("save", "lookup", "restore", "s3-put", "s3-get")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -158,7 +158,7 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
-# ---------------------------------------------------------------------------------------------- S3 by hand
+# ---------------------------------------------------------------------------------------------- S3 answers
 
 
 class _Into:
@@ -178,15 +178,9 @@ class _Into:
         self.received += n
 
 
-def _s3_head(method: str, node: Node, path: str, length: int, headers: list[tuple[str, str]]) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"host: {node.host_header}", f"content-length: {length}"]
-    lines += [f"{k}: {v}" for k, v in headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
 def _s3_error(response: Response) -> str:
-    data = bytes(response.reader.data) if isinstance(response.reader, BytesReader) else b""
-    code = s3_error("", response.status, data).code
+    """``HTTP 404 NoSuchBucket``, or ``HTTP 502`` for an answer without an S3 error document."""
+    code = s3.error_of("", response).code
     return f"HTTP {response.status}" if code == "HTTP" else f"HTTP {response.status} {code}"
 
 
@@ -235,18 +229,13 @@ class Bench:
     async def _s3_on(self, node: Node | None, method: str, key: str | None, body: memoryview | None = None,
                      into: memoryview | None = None, query: str = "") -> Response:
         assert node is not None
-        path = "/" + path_segment(self.config.namespace)
-        if key is not None:  # each segment of the key encoded on its own: its slashes stay separators
-            path += "/" + "/".join(path_segment(part) for part in key.split("/"))
-        length = len(body) if body is not None else 0
-        signed = self.store.signer.headers(method, node.host_header, path, query)
-        head = _s3_head(method, node, path + (f"?{query}" if query else ""), length, signed)
 
         def reader(status: int, n: int) -> Any:
             return _Into(into) if status == 200 and into is not None else BytesReader(n)
 
         async with asyncio.timeout(self.config.timeout):
-            return await node.pool.request(head, (body,) if body is not None else (), reader)
+            return await s3.request(self.store.signer, node, method, self.config.namespace, key, query=query,
+                                    body=body, reader=reader)
 
     async def _bucket_exists(self, node: Node) -> bool | None:
         """Whether the bucket is on ``node`` (GetBucketLocation); None when that cannot be told."""
@@ -553,15 +542,6 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------- display
 
 
-def fmt_size(n: int) -> str:
-    """64 KiB, 1 MiB, 1.5 MiB: sizes as people write them."""
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= factor:
-            value = n / factor
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{n} B"
-
-
 def fmt_ms(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
 
@@ -595,8 +575,8 @@ class Display:
         nodes = len(parse_endpoints(c.nodes))
         console.print(f"[bold]ctxstore bench[/] → {plural(nodes, 'node')}, namespace "
                       f"[bold]{c.namespace}[/]: {plural(c.count, 'prompt')} × {plural(c.blocks, 'block')} × "
-                      f"{fmt_size(c.block_size)} "
-                      f"({fmt_size(c.count * c.prompt_bytes)}), objects of {fmt_size(c.object_size)}; "
+                      f"{format_size(c.block_size)} "
+                      f"({format_size(c.count * c.prompt_bytes)}), objects of {format_size(c.object_size)}; "
                       f"concurrency {c.concurrency}, at most {c.duration:g} s per operation")
         self._progress = Progress(TextColumn("{task.description:<8}"), BarColumn(bar_width=30),
                                   MofNCompleteColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
@@ -643,8 +623,8 @@ class Display:
                      "max ms", "found"):
             table.add_column(name, justify="left" if name == "op" else "right", no_wrap=True)
         for op in report["operations"]:
-            shape = f"{c['blocks']}×{fmt_size(c['block_size'])}" if op["op"] in ("save", "restore", "lookup") \
-                else fmt_size(c["object_size"])
+            shape = f"{c['blocks']}×{format_size(c['block_size'])}" if op["op"] in ("save", "restore", "lookup") \
+                else format_size(c["object_size"])
             lat = op["latency_ms"]
             found = "" if op["found_ratio"] is None else f"{op['found_ratio'] * 100:.1f}%"
             table.add_row(op["op"], shape, f"{op['ops']:,}", f"{op['failed']:,}" if op["failed"] else "0",

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import xxhash
 
-from . import wire
-from .buckets import check_bucket, path_segment
+from . import s3, wire
+from .buckets import check_bucket
 from .buffers import Destinations, Target, byte_view
 from .credentials import resolve_credentials
 from .errors import (
@@ -33,7 +33,6 @@ from .errors import (
     ProtocolError,
     ServerError,
     SlowDown,
-    s3_error,
     server_error,
 )
 from .hashing import Fingerprint
@@ -44,7 +43,7 @@ from .pod import Node, Pod, is_ip, parse_pod, resolve
 from .frames import GetReader, TrailedPayloads
 from .sigv4 import Signer
 from .tls import TLS_CA_ENV, client_context
-from .transport import BodyReader, Buffer, BytesReader, Response, request_head
+from .transport import BodyReader, Buffer, BytesReader, Response
 
 
 T = TypeVar("T")
@@ -230,19 +229,15 @@ class AsyncContextStore:
         await _gather_all([self._create_on(n, bucket) for n in self.pod.nodes if n.up])
 
     async def _create_on(self, node: Node, bucket: str) -> None:
-        path = "/" + path_segment(bucket)
-        headers = self.signer.headers("PUT", node.host_header, path)
-        head = request_head("PUT", node.host_header, path, headers, 0)
         try:
-            response = await node.pool.request(head, (), lambda s, n: BytesReader(n))
+            response = await s3.request(self.signer, node, "PUT", bucket, content_type=wire.CONTENT_TYPE)
         except NodeUnavailable as exc:
             self._mark_down(node, str(exc))
             if self.strict:
                 raise
             return
         if response.status != 200:
-            data = response.reader.data if isinstance(response.reader, BytesReader) else b""
-            error = s3_error(node.name, response.status, data)
+            error = s3.error_of(node.name, response)
             self._note_refusal(node, error)
             raise error
 
@@ -262,8 +257,8 @@ class AsyncContextStore:
             length, body, prefix = len(head_bytes) + payloads.length, payloads, head_bytes
         else:
             length, body, prefix = len(head_bytes) + sum(len(p) for p in payloads), (head_bytes, *payloads), b""
-        request = request_head("POST", node.host_header, path,
-                               self.signer.headers("POST", node.host_header, path), length) + prefix
+        request = s3.signed_head(self.signer, "POST", node.host_header, path, length,
+                                 content_type=wire.CONTENT_TYPE) + prefix
 
         def factory(status: int, n: int) -> BodyReader:
             return reader if status == 200 and reader is not None else BytesReader(n)
@@ -415,6 +410,15 @@ class AsyncContextStore:
         """Ask the nodes to bring these keys' flash-resident blocks into RAM (a restore of them follows); the
         nodes answer at once. Returns how many blocks they will read from flash."""
         return await self.keys_op(bucket, "prefetch", keys)
+
+    async def prefetch_located(self, bucket: str, keys: Sequence[str],
+                               found: Sequence[tuple[int, str] | None]) -> int:
+        """The prefetch of a matched prefix, which :meth:`AsyncNamespace.prefetch` and the vLLM and LMCache
+        connectors share: ``found`` is :meth:`locate_keys`'s answer for ``keys``; the blocks it places on a
+        node's flash tier are asked for, and nothing at all when none is there (RAM-only nodes). Returns how
+        many blocks the nodes will read from flash."""
+        cold = [k for k, f in zip(keys, found, strict=True) if f is not None and f[1] == "disk"]
+        return await self.prefetch_keys(bucket, cold) if cold else 0
 
     async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                        pin: float = 0.0) -> list[Target | None]:
@@ -691,9 +695,7 @@ class AsyncNamespace:
         keys = self.block_hashes(tokens)
         found = await self.store.locate_keys(self.bucket, keys)
         n = next((i for i, f in enumerate(found) if f is None), len(found))
-        on_disk = [k for k, f in zip(keys[:n], found[:n]) if f is not None and f[1] == "disk"]
-        if on_disk:
-            await self.store.prefetch_keys(self.bucket, on_disk)
+        await self.store.prefetch_located(self.bucket, keys[:n], found[:n])
         return n
 
     async def restore(self, tokens: Sequence[int], out: Any = None, *, pin: float = 0.0) -> RestoreResult:
@@ -808,13 +810,12 @@ class _TrailerRefused(Exception):
 def _error_of(node: Node, response: Response) -> ContextStoreError:
     """The error of a non-200 bulk answer: its error frame, else an S3 error document or a plain body (an answer
     from something in front of the node, or from the node's HTTP layer)."""
-    data = bytes(response.reader.data) if isinstance(response.reader, BytesReader) else b""
     try:
-        head, _ = wire.unpack_head(data, wire.answer_schema("error", 0))
+        head, _ = wire.unpack_head(s3.body_of(response), wire.answer_schema("error", 0))
         err = wire.decode_error(head)
         return server_error(node.name, response.status, err.error, err.message)
     except wire.WireError:
-        return s3_error(node.name, response.status, data)
+        return s3.error_of(node.name, response)
 
 
 def _as_client_error(node: Node, exc: Exception) -> ContextStoreError:

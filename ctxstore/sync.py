@@ -53,6 +53,9 @@ class ContextStore:
     def prefetch_keys(self, bucket: str, keys: Sequence[str]) -> int:
         return self._loop.run(self._async.prefetch_keys(bucket, keys))
 
+    def prefetch_located(self, bucket: str, keys: Sequence[str], found: Sequence[tuple[int, str] | None]) -> int:
+        return self._loop.run(self._async.prefetch_located(bucket, keys, found))
+
     def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                  pin: float = 0.0) -> list[Target | None]:
         return self._loop.run(self._async.get_keys(bucket, keys, destinations, pin=pin))

@@ -428,8 +428,12 @@ class Pool:
         self._idle.clear()
 
 
-def request_head(method: str, host: str, path: str, headers: list[tuple[str, str]], length: int) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"host: {host}", f"content-length: {length}",
-             f"content-type: {wire.CONTENT_TYPE}"]
+def request_head(method: str, host: str, path: str, headers: list[tuple[str, str]], length: int, *,
+                 content_type: str | None = wire.CONTENT_TYPE) -> bytes:
+    """The request line and headers of every request the client sends (``path`` percent-encoded, with its query);
+    ``content_type`` None sends none (a plain S3 request)."""
+    lines = [f"{method} {path} HTTP/1.1", f"host: {host}", f"content-length: {length}"]
+    if content_type is not None:
+        lines.append(f"content-type: {content_type}")
     lines += [f"{k}: {v}" for k, v in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

@@ -103,9 +103,9 @@ class CtxStoreRemoteConnector(RemoteConnector):
         names = [k.to_string() for k in keys]
         found = await self.store.locate_keys(self.bucket, names, pin=self.pin_seconds if pin else 0.0)
         n = prefix_length([f[0] if f is not None and self._usable(f[0]) else ABSENT for f in found])
-        cold = [k for k, f in zip(names[:n], found[:n]) if f is not None and f[1] == "disk"]
-        if cold:  # on a node's flash tier: have it brought into RAM while LMCache gets ready to retrieve
-            task = asyncio.get_running_loop().create_task(self.store.prefetch_keys(self.bucket, cold))
+        if n:  # what of it is on a node's flash tier is brought into RAM while LMCache gets ready to retrieve
+            task = asyncio.get_running_loop().create_task(self.store.prefetch_located(self.bucket, names[:n],
+                                                                                      found[:n]))
             self._prefetches.add(task)
             task.add_done_callback(self._prefetch_done)
         return n
