@@ -1,5 +1,6 @@
-"""Byte quotas against the node's application in-process: a tenant (or a bucket) over its quota loses its own least recently used
-blocks, never another tenant's (nor another bucket's); an object larger than a quota is refused whole.
+"""Byte quotas against the node's application in-process: a tenant (or a bucket) over its quota loses its own
+least recently used blocks, never another tenant's (nor another bucket's); an object larger than a quota is
+refused whole.
 
 Quotas are set through the admin API; blocks are written and read through S3 (boto3). The node's budget is
 far above every quota here, so every eviction seen is a quota's.

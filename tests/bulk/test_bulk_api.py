@@ -1,5 +1,6 @@
-"""The bulk API (server/bulk.py) against a real node, signed with botocore's SigV4 signer and sent with
-http.client: put/get round trips, if_absent, per-block checksums, truncated and malformed bodies, limits,
+"""The bulk API (server/bulk) against the node's application in-process (a real node where the socket is what
+is tested: a client gone mid-body, answers before the body), signed with botocore's SigV4 signer
+(:mod:`support.raw`): put/get round trips, if_absent, per-block checksums, truncated and malformed bodies, limits,
 lookup prefixes, pins under eviction, touch, delete, tenant isolation, S3 interop and auth errors.
 A few in-process tests drive the ASGI app directly to see what a socket cannot: that a get sends the stored
 buffers themselves, the engine's counters, and a stalled body."""
@@ -18,13 +19,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import xxhash
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
+from support.fixtures import wants_real_node
+from support.inprocess import InProcessNode
 from support.nodes import ACCESS_KEY, OTHER_ACCESS_KEY, OTHER_SECRET_KEY, SECRET_KEY, Node, make_client, start_node
+from support.raw import UNSIGNED, raw_request, sign
 
 from ctxstore import wire
 from ctxstore_server.app import App
@@ -32,32 +34,18 @@ from ctxstore_server.settings import Settings
 from ctxstore_server.tenants import TenantRegistry
 
 KiB = 1 << 10
-UNSIGNED = "UNSIGNED-PAYLOAD"
 
 
 # ============================================================================================ helpers
 
 
-class _Signer(S3SigV4Auth):
-    """botocore's S3 SigV4 signer with the x-amz-content-sha256 value chosen by the test (botocore would
-    otherwise hash every body sent over plain HTTP)."""
-
-    def __init__(self, access: str, secret: str, payload_hash: str) -> None:
-        super().__init__(Credentials(access, secret), "s3", "us-east-1")
-        self.payload_hash = payload_hash
-
-    def payload(self, request: AWSRequest) -> str:
-        return self.payload_hash
-
-
 def signed_headers(host: str, path: str, body: bytes, *, payload_hash: str = UNSIGNED,
                    access: str = ACCESS_KEY, secret: str = SECRET_KEY) -> dict[str, str]:
     """SigV4 headers for ``POST path`` as botocore signs an S3 request (``payload_hash``: UNSIGNED-PAYLOAD,
-    a hex SHA-256, or a STREAMING-* constant)."""
-    request = AWSRequest(method="POST", url=f"http://{host}{path}", data=body)
-    _Signer(access, secret, payload_hash).add_auth(request)
-    assert request.headers["X-Amz-Content-SHA256"] == payload_hash
-    return dict(request.headers.items())
+    a hex SHA-256, or a STREAMING-* constant), without the Host header (the sender adds it)."""
+    headers = sign(None, "POST", path, host=host, payload_hash=payload_hash, access=access, secret=secret).headers
+    assert headers["X-Amz-Content-SHA256"] == payload_hash
+    return {k: v for k, v in headers.items() if k.lower() != "host"}
 
 
 @dataclass
@@ -81,13 +69,16 @@ class Reply:
 
 
 class Bulk:
-    """A minimal bulk client for tests: one signed http.client request per call."""
+    """A minimal bulk client for tests: one signed request per call, through ASGI to an in-process node or on a
+    connection of its own (http.client) to a real one."""
 
-    def __init__(self, node: Node, access: str = ACCESS_KEY, secret: str = SECRET_KEY) -> None:
+    def __init__(self, node: Node | InProcessNode, access: str = ACCESS_KEY, secret: str = SECRET_KEY) -> None:
         self.node, self.access, self.secret = node, access, secret
 
     @property
     def host(self) -> str:
+        if isinstance(self.node, InProcessNode):
+            return urlsplit(self.node.endpoint).netloc
         return f"127.0.0.1:{self.node.port}"
 
     def raw(self, bucket: str, op: str, body: bytes, *, method: str = "POST", payload_hash: str = UNSIGNED,
@@ -96,6 +87,13 @@ class Bulk:
         all_headers = signed_headers(self.host, path, body, payload_hash=payload_hash, access=self.access,
                                      secret=self.secret) if sign else {}
         all_headers.update(headers or {})
+        if isinstance(self.node, InProcessNode):  # the body as the HTTP layer hands it over (chunks decoded)
+            if chunked:
+                all_headers["Transfer-Encoding"] = "chunked"
+            else:
+                all_headers["Content-Length"] = str(len(body))
+            reply = raw_request(self.node, method, path, all_headers, body)
+            return Reply(reply.status, reply.headers, reply.body)
         conn = http.client.HTTPConnection("127.0.0.1", self.node.port, timeout=15)
         try:
             if chunked:
@@ -168,32 +166,39 @@ def quietly_start(tmp: Path, *args: str) -> Node:
         return start_node(tmp, *args)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _server_started_quietly(request: pytest.FixtureRequest) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        request.getfixturevalue("server")
+@pytest.fixture
+def bulk(request: pytest.FixtureRequest) -> Bulk:
+    """A bulk client of the in-process node, or of the session's real node for a test that asks for ``server``."""
+    return Bulk(request.getfixturevalue("server" if wants_real_node(request) else "inprocess"))
+
+
+SMALL = {"memory": 1 << 20, "bulk_max_keys": 8, "bulk_max_bytes": 256 * KiB}  # and as options of a real node
+SMALL_OPTIONS = ("--memory", "1MiB", "--bulk-max-keys", "8", "--bulk-max-bytes", "256KiB")
 
 
 @pytest.fixture(scope="module")
-def bulk(server: Node) -> Bulk:
-    return Bulk(server)
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+def small() -> Iterator[InProcessNode]:
     """A node with a 1 MiB budget and small bulk limits."""
-    node = quietly_start(tmp_path_factory.mktemp("bulk-small"), "--memory", "1MiB", "--bulk-max-keys", "8",
-                         "--bulk-max-bytes", "256KiB")
+    node = InProcessNode(keep_time=True, **SMALL)
     yield node
-    node.stop()
+    node.close()
 
 
 @pytest.fixture
-def small_bucket(small: Node) -> str:
+def small_bucket(small: InProcessNode) -> str:
     name = "small-" + secrets.token_hex(6)
-    make_client(small.endpoint).create_bucket(Bucket=name)
+    small.client().create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def small_real(tmp_path: Path) -> Iterator[tuple[Node, str]]:
+    """A real node with the small limits, and a bucket of it: for answers given before the body arrives."""
+    node = quietly_start(tmp_path, *SMALL_OPTIONS)
+    name = "small-" + secrets.token_hex(6)
+    make_client(node.endpoint).create_bucket(Bucket=name)
+    yield node, name
+    node.stop()
 
 
 # ============================================================================================ data path
@@ -396,7 +401,7 @@ def test_pin_and_unpin_count(bulk: Bulk, bucket: str) -> None:
 # ======================================================================================== limits and budget
 
 
-def test_over_limits_fail_and_store_nothing(small: Node, small_bucket: str) -> None:
+def test_over_limits_fail_and_store_nothing(small: InProcessNode, small_bucket: str) -> None:
     bulk = Bulk(small)
     too_many = blocks_of(9, 10)
     reply = bulk.put(small_bucket, too_many)
@@ -430,7 +435,8 @@ def send_partial(node: Node, path: str, content_length: int, data: bytes) -> tup
     return resp.status, resp.getheader("connection"), wire.decode_error(wire.unpack_head(body, wire.ANY_HEAD)[0]).error
 
 
-def test_bad_puts_are_answered_before_their_payloads_are_sent(small: Node, small_bucket: str) -> None:
+def test_bad_puts_are_answered_before_their_payloads_are_sent(small_real: tuple[Node, str]) -> None:
+    small, small_bucket = small_real
     path = wire.path(small_bucket, "put")
     # The head announces 8 MiB of payloads (over the 256 KiB limit) that never come: the answer must not wait.
     head = wire.encode_put_head(wire.PutRequest(["a", "b"], [4 << 20, 4 << 20], [0, 0]))
@@ -444,7 +450,7 @@ def test_bad_puts_are_answered_before_their_payloads_are_sent(small: Node, small
     assert send_partial(small, path, len(small_head) + 10, small_head)[2] == "IncompleteBody"
 
 
-def test_pinned_blocks_survive_eviction_and_a_full_pinned_budget_says_slow_down(small: Node,
+def test_pinned_blocks_survive_eviction_and_a_full_pinned_budget_says_slow_down(small: InProcessNode,
                                                                                 small_bucket: str) -> None:
     bulk = Bulk(small)
     pinned = blocks_of(4, 64 * KiB, "pinned")
@@ -478,9 +484,9 @@ def test_pinned_blocks_survive_eviction_and_a_full_pinned_budget_says_slow_down(
 # ========================================================================================= auth and tenants
 
 
-def test_tenant_isolation(server: Node, bucket: str, bulk: Bulk) -> None:
+def test_tenant_isolation(inprocess: InProcessNode, bucket: str, bulk: Bulk) -> None:
     bulk.put_results(bucket, {"secret": b"mine"})
-    other = Bulk(server, OTHER_ACCESS_KEY, OTHER_SECRET_KEY)
+    other = Bulk(inprocess, OTHER_ACCESS_KEY, OTHER_SECRET_KEY)
     for op in wire.OPS:
         body = (put_frame({"x": b"x"}) if op == "put"
                 else wire.encode_keys_request(op, wire.KeysRequest(["secret"], seconds=1)))
@@ -491,22 +497,19 @@ def test_tenant_isolation(server: Node, bucket: str, bulk: Bulk) -> None:
     assert bulk.get(bucket, ["secret", "x"])[1] == [b"mine", None]
 
 
-def test_sigv4_errors_get_403_error_frames(bulk: Bulk, bucket: str, server: Node) -> None:
+def test_sigv4_errors_get_403_error_frames(bulk: Bulk, bucket: str, inprocess: InProcessNode) -> None:
     body = wire.encode_keys_request("lookup", wire.KeysRequest(["k"]))
-    bad = Bulk(server, ACCESS_KEY, SECRET_KEY + "x").raw(bucket, "lookup", body)
+    bad = Bulk(inprocess, ACCESS_KEY, SECRET_KEY + "x").raw(bucket, "lookup", body)
     assert (bad.status, bad.error) == (403, "SignatureDoesNotMatch")
     assert bad.headers["content-type"] == "application/vnd.msgpack"
-    unknown = Bulk(server, "CTXUNKNOWNKEY0000000", SECRET_KEY).raw(bucket, "lookup", body)
+    unknown = Bulk(inprocess, "CTXUNKNOWNKEY0000000", SECRET_KEY).raw(bucket, "lookup", body)
     assert (unknown.status, unknown.error) == (403, "InvalidAccessKeyId")
     unsigned = bulk.raw(bucket, "lookup", body, sign=False)
     assert (unsigned.status, unsigned.error) == (403, "AccessDenied")
     # Signed for one body, sent with another: the signature covers the path, so a changed op fails too.
-    headers = signed_headers(bulk.host, wire.path(bucket, "lookup"), body)
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("POST", wire.path(bucket, "delete"), body=body, headers=headers)
-    resp = conn.getresponse()
-    error = wire.decode_error(wire.unpack_head(resp.read(), wire.ANY_HEAD)[0])
-    conn.close()
+    headers = {**signed_headers(bulk.host, wire.path(bucket, "lookup"), body), "Content-Length": str(len(body))}
+    resp = raw_request(inprocess, "POST", wire.path(bucket, "delete"), headers, body)
+    error = wire.decode_error(wire.unpack_head(resp.body, wire.ANY_HEAD)[0])
     assert (resp.status, error.error) == (403, "SignatureDoesNotMatch")
 
 
