@@ -191,8 +191,9 @@ class Settings:
     bulk_max_bytes: int = setting(1 << 30, SIZE, "CTXSTORE_BULK_MAX_BYTES",
                 "Most payload bytes one bulk put may carry; more get TooManyBytes before the payloads are read.")
     body_timeout: float = setting(30.0, DURATION, "CTXSTORE_BODY_TIMEOUT",
-                "A request body that stalls this long (at least 3/4 of it) fails with RequestTimeout; headers must also "
-                "arrive within it.")
+                "A request body fails with RequestTimeout when this long passes with no byte of it arriving, or when it "
+                "arrives slower than --min-body-rate over a period this long (periods run back to back from the first "
+                "wait for it); headers must also arrive within it.")
     keepalive_timeout: float = setting(30.0, DURATION, "CTXSTORE_KEEPALIVE_TIMEOUT",
                 "Idle connections (kept alive, or new and silent) close after this.")
     drain_timeout: float = setting(30.0, DURATION, "CTXSTORE_DRAIN_TIMEOUT",

@@ -9,10 +9,10 @@ of the node's CPU); a put's body was copied three times in user space (the HTTP 
 The node's HTTP protocol (uvicorn's httptools protocol, subclassed in :mod:`ctxstore_server.serve`) puts a
 :class:`DirectChannel` into the scope of every request (``scope[SCOPE_KEY]``). The request shell
 (:mod:`.shell`) answers through it and :meth:`.asgi.Request.readinto` reads through it when it is there; plain
-ASGI is the fallback (in-process tests, another server). What the ASGI path does, it keeps: the body timeout
-and minimum rate, ``Expect: 100-continue``, the protocol's write watchdog (its own ``pause_writing``), the
-default headers (``date``), keep-alive and pipelining (uvicorn's request cycle is completed exactly as its own
-``send`` completes it).
+ASGI is the fallback (in-process tests, another server). What the ASGI path does, it keeps: the body deadline
+(:mod:`.deadline`, the same rule), ``Expect: 100-continue``, the protocol's write watchdog (its own
+``pause_writing``), the default headers (``date``), keep-alive and pipelining (uvicorn's request cycle is
+completed exactly as its own ``send`` completes it).
 
 Reading. Bytes the HTTP parser already took (at most one read of the socket, and up to 64 KiB more while the
 handler has not asked) are copied out of the cycle's buffer. Then, for a body with a ``Content-Length`` on a
@@ -37,6 +37,8 @@ import re
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import Any
+
+from .deadline import BodyDeadline, BodyTimeout
 
 SCOPE_KEY = "ctxstore.direct"  # where the HTTP protocol puts a request's channel
 
@@ -70,50 +72,6 @@ def _default_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
 
 class ClientDisconnected(Exception):
     """The client went away before its request body was complete: nothing to answer, nothing stored."""
-
-
-class BodyTimeout(Exception):
-    """The client stalled while sending its body (or sent it below the minimum rate)."""
-
-
-class BodyWatch:
-    """A body's deadline: one timer for the whole body, ticking every quarter of the timeout, that fails the
-    read when, over the last full timeout (four quarters), less than ``min_rate`` bytes per second arrived, or
-    nothing at all: a stall fails after 1 to 1 1/4 timeouts (the ASGI path's deadline: 3/4 to 1)."""
-
-    __slots__ = ("_loop", "_quarter", "_required", "_quarters", "_bytes", "_timer", "_on_expire", "expired")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float, min_rate: int,
-                 on_expire: Callable[[], None]) -> None:
-        self._loop = loop
-        self._quarter = timeout / 4
-        self._required = max(1, int(min_rate * timeout))
-        self._quarters: list[int] = []  # bytes per past quarter, the last four
-        self._bytes = 0  # bytes in the current quarter
-        self._on_expire = on_expire
-        self.expired = False
-        self._timer: asyncio.TimerHandle | None = loop.call_later(self._quarter, self._tick)
-
-    def arrived(self, n: int) -> None:
-        self._bytes += n
-
-    def _tick(self) -> None:
-        quarters = self._quarters
-        quarters.append(self._bytes)
-        self._bytes = 0
-        if len(quarters) > 4:
-            del quarters[0]
-        if len(quarters) == 4 and sum(quarters) < self._required:
-            self._timer = None
-            self.expired = True
-            self._on_expire()
-            return
-        self._timer = self._loop.call_later(self._quarter, self._tick)
-
-    def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
 
 LINGER_SECONDS = 2.0  # how long a closing connection reads away a body still arriving (then it closes)
@@ -235,7 +193,7 @@ class DirectChannel:
         self._scratch: memoryview | None = None
         self._discard = False
         self._waiter: asyncio.Future[None] | None = None
-        self._watch: BodyWatch | None = None
+        self._watch: BodyDeadline | None = None
         self._lost_connection = False
         self.body_done = length == 0
 
@@ -308,7 +266,7 @@ class DirectChannel:
 
     def _start_watch(self) -> None:
         if self._watch is None and not self.body_done:
-            self._watch = BodyWatch(self._loop, self.timeout, self.min_rate, self._expired)
+            self._watch = BodyDeadline(self._loop, self.timeout, self.min_rate, self._expired)
 
     def _stop_watch(self) -> None:
         if self._watch is not None:
