@@ -1,12 +1,14 @@
 """Shared fixtures: a real ctxstore node (uvicorn on a free loopback port, in a subprocess) and real
 clients talking to it. The helpers themselves live in ``support.nodes``.
 
-``CTXSTORE_TEST_WORKERS=N`` makes the session's node a ``--workers N`` node (the tests talk to its first
-shard): e.g. ``CTXSTORE_TEST_WORKERS=2 scripts/test tests/bulk tests/s3`` runs those suites against one.
+Two switches for a run by hand (no test sets them; ``tests/serve/test_shards.py`` and
+``tests/client/test_threads.py`` test sharding and threads directly):
 
-``CTXSTORE_THREADS=N`` (N > 1) is every client's default number of threads, and the client then cuts even the
-tests' small calls into parts for them (``CTXSTORE_TEST_SMALL_PARTS=1``): ``tests/client/test_threads.py``
-runs the client suites this way."""
+- ``CTXSTORE_TEST_WORKERS=N`` makes the session's node a ``--workers N`` node (the tests talk to its first
+  shard): e.g. ``CTXSTORE_TEST_WORKERS=2 scripts/test tests/bulk tests/s3`` runs those suites against one.
+- ``CTXSTORE_THREADS=N`` (N > 1) is every client's default number of threads; with
+  ``CTXSTORE_TEST_SMALL_PARTS=1`` the client cuts even the tests' small calls into parts for them, e.g.
+  ``CTXSTORE_THREADS=3 CTXSTORE_TEST_SMALL_PARTS=1 scripts/test tests/client``."""
 
 from __future__ import annotations
 
