@@ -17,7 +17,7 @@ from flash_support import Clock, check_payload, make_payload
 
 from ctxstore_server.engine import BlockWrite, Engine, EngineConfig, StoredObject, errors
 from ctxstore_server.engine import reads as reads_module
-from ctxstore_server.engine import tier as tier_module
+from ctxstore_server.engine import flash_writes
 
 T = TypeVar("T")
 KiB, MiB = 1 << 10, 1 << 20
@@ -140,13 +140,13 @@ def test_a_victim_is_served_from_ram_until_its_flash_write_lands(tmp_path: Path)
         assert engine.tier is not None
         engine.create_bucket(TENANT, BUCKET)
         fill(engine, 40)  # no await: the demotions are queued, not written
-        assert engine.tier.demoting, "expected victims waiting for their write"
-        waiting = next(iter(engine.tier.demoting.values()))
+        assert engine.tier.writes.demoting, "expected victims waiting for their write"
+        waiting = next(iter(engine.tier.writes.demoting.values()))
         assert not on_flash(engine, waiting.key) and not in_ram(engine, waiting.key)
         got = await engine.fetch_many(TENANT, BUCKET, [waiting.key])
         assert got[0] is not None and check_payload(waiting.key, got[0].data) == 0
         await settle(engine)
-        assert not engine.tier.demoting and engine.stats()["disk_queued_bytes"] == 0
+        assert not engine.tier.writes.demoting and engine.stats()["disk_queued_bytes"] == 0
         await engine.close()
 
     run(go)
@@ -231,7 +231,7 @@ async def drain(engine: Engine) -> None:
     assert engine.tier is not None
     for _ in range(100):
         await settle(engine)
-        if not engine.tier.demoting and not engine.tier.direct_waiting:
+        if not engine.tier.writes.demoting and not engine.tier.writes.direct_waiting:
             return
     raise AssertionError("the flash tier did not drain")
 
@@ -246,7 +246,7 @@ def test_direct_writes_that_find_the_queue_full_wait_in_ram_and_go_down_in_turn(
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 12)  # all at once: two fit the queue, ten wait in RAM, oldest first
         assert engine.stats()["disk_direct_waiting"] == 10
-        assert [key for _, key in engine.tier.direct_waiting] == keys[2:]
+        assert [key for _, key in engine.tier.writes.direct_waiting] == keys[2:]
         assert all(in_ram(engine, key) for key in keys[2:])
         got = await engine.fetch_many(TENANT, BUCKET, keys)
         assert [check_payload(k, o.data) if o else None for k, o in zip(keys, got)] == [0] * 12
@@ -286,14 +286,14 @@ def test_a_direct_write_larger_than_the_demotion_queue_stays_in_ram_and_holds_up
 def test_the_direct_writes_waiting_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond the bound the oldest is forgotten: it stays in RAM and goes down only when it is evicted."""
     clock = Clock()
-    monkeypatch.setattr(tier_module, "DIRECT_WAITING", 4)
+    monkeypatch.setattr(flash_writes, "DIRECT_WAITING", 4)
 
     async def go() -> None:
         engine = await opened(tmp_path, clock, disk_queue=2 * BLOCK, disk_direct_size=BLOCK)
         assert engine.tier is not None
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 12)
-        assert [key for _, key in engine.tier.direct_waiting] == keys[8:]
+        assert [key for _, key in engine.tier.writes.direct_waiting] == keys[8:]
         await drain(engine)
         assert all(on_flash(engine, k) for k in keys[:2] + keys[8:])
         assert all(in_ram(engine, k) and not on_flash(engine, k) for k in keys[2:8])
@@ -381,7 +381,7 @@ def test_a_key_deleted_or_replaced_while_its_copy_is_written_never_comes_back(tm
         engine.create_bucket(TENANT, BUCKET)
         put(engine, "deleted")
         put(engine, "replaced")
-        assert engine.tier is not None and len(engine.tier.copying) == 2  # copies queued, not yet written
+        assert engine.tier is not None and len(engine.tier.writes.copying) == 2  # copies queued, not yet written
         assert engine.delete(TENANT, BUCKET, "deleted")
         put(engine, "replaced", version=1)
         put(engine, "in-writer")
@@ -735,7 +735,7 @@ def test_a_tenant_with_a_quota_keeps_to_its_share_of_flash(tmp_path: Path) -> No
         await settle(engine)
         await engine.housekeep_disk()
         share = 128 * KiB * (8 * MiB) // (512 * KiB)
-        assert engine.tier.tenant_disk[TENANT] <= share + BLOCK
+        assert engine.tier.context.tenant_disk[TENANT] <= share + BLOCK
         assert engine.stats()["evictions"] > 0  # beyond its share its victims were dropped
         await engine.close()
 

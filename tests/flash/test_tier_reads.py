@@ -54,7 +54,7 @@ async def drain(engine: Engine) -> None:
     for _ in range(200):
         await tier.flash.flush()
         await asyncio.sleep(0.005)
-        if not tier.demoting and not tier.direct_waiting:
+        if not tier.writes.demoting and not tier.writes.direct_waiting:
             return
     raise AssertionError("demotions did not settle")
 
@@ -164,7 +164,7 @@ def test_concurrent_gets_of_the_same_flash_blocks_share_one_read(tmp_path: Path)
         for release in releases:
             release()
         assert engine.used == used and engine.sending_bytes == 0
-        assert engine.tier is not None and not engine.tier._reading  # nothing left joinable
+        assert engine.tier is not None and not engine.tier.reads._reading  # nothing left joinable
         await engine.close()
 
     run(go)
@@ -189,7 +189,7 @@ def test_a_cancelled_reader_leaves_the_read_to_the_others(tmp_path: Path, monkey
         assert first.cancelled()
         assert [check_payload(k, o.data) if o else None for k, o in zip(keys, got)] == [0] * 8
         assert gate.calls == [keys], "the second get joined the first one's read"
-        assert engine.tier is not None and not engine.tier._reading
+        assert engine.tier is not None and not engine.tier.reads._reading
         await engine.close()
 
     run(go)
