@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import io
 import ipaddress
@@ -20,10 +19,10 @@ import secrets
 import signal
 import socket
 import sys
+from functools import partial
+from typing import cast
 
-import httptools
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ctxstore.admin_schema import generate_key_pair
 from ctxstore.cliargs import ArgumentParser
@@ -32,7 +31,7 @@ from ctxstore.units import format_duration, format_size
 from . import allocator, shards
 from . import settings as settings_mod
 from .app import App
-from .protocol.direct import SCOPE_KEY, STATUS_LINES, DirectChannel, close_lingering
+from .protocol.http import HttpOptions, NodeHttpProtocol
 from .settings import Settings
 from .tenants import TenantRegistry
 
@@ -85,158 +84,11 @@ def ensure_admin_token(settings: Settings, out=sys.stdout) -> None:  # noqa: ANN
         print("  CTXSTORE_ADMIN_TOKEN is not set: the admin API and /metrics are disabled", file=out)
 
 
-def protocol_with_header_limit(
-    limit: int, idle_timeout: float | None = None, header_timeout: float | None = None,
-    write_timeout: float | None = None,
-) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a cap on the request line plus headers (no cap of its own), and
-    deadlines uvicorn lacks: a new connection that sends nothing closes after ``idle_timeout`` (uvicorn only
-    times out idle connections after a first response), a request whose line and headers are still
-    incomplete ``header_timeout`` after its first byte closes (uvicorn cancels its only timer on any byte, so a
-    client dribbling a header would hold the connection forever), and a response the client stopped reading
-    (the write buffer full and not draining for ``write_timeout``) is dropped, freeing what it was sending.
-
-    Every request also gets the data path below ASGI (:mod:`.protocol.direct`): its scope carries a
-    :class:`~.protocol.direct.DirectChannel` on this connection, which the request shell answers through and
-    the bulk put reads its payloads through."""
-
-    class LimitedHttpToolsProtocol(HttpToolsProtocol):
-        _header_bytes = 0
-        _header_timer: asyncio.TimerHandle | None = None
-        _write_timer: asyncio.TimerHandle | None = None
-        _write_seen = 0
-        _tls = False
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            if write_timeout is not None and self._write_timer is None:
-                self._write_seen = self.transport.get_write_buffer_size()
-                self._write_timer = self.loop.call_later(write_timeout, self._check_writes)
-
-        def resume_writing(self) -> None:
-            self._stop_watching_writes()
-            super().resume_writing()
-
-        def _check_writes(self) -> None:
-            """Paused all along: drop the connection unless the client took some bytes meanwhile."""
-            self._write_timer = None
-            pending = self.transport.get_write_buffer_size()
-            if pending and pending >= self._write_seen:
-                self.transport.abort()  # uvicorn then unblocks the response's sends; they go nowhere
-            elif pending and write_timeout is not None:
-                self._write_seen = pending
-                self._write_timer = self.loop.call_later(write_timeout, self._check_writes)
-
-        def _stop_watching_writes(self) -> None:
-            if self._write_timer is not None:
-                self._write_timer.cancel()
-                self._write_timer = None
-
-        def connection_made(self, transport) -> None:  # noqa: ANN001
-            super().connection_made(transport)
-            # Behind TLS the body is decrypted in user space anyway: it is read through the parser there.
-            self._tls = transport.get_extra_info("sslcontext") is not None
-            self._arm(idle_timeout)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            self._stop_watching_writes()
-            super().connection_lost(exc)
-
-        def on_message_begin(self) -> None:
-            self._header_bytes = 0
-            self._arm(header_timeout)
-            super().on_message_begin()
-
-        def on_headers_complete(self) -> None:
-            self._disarm()
-            super().on_headers_complete()
-            cycle = self.cycle
-            if cycle is not None and cycle.scope is self.scope:  # a request cycle was made (not an upgrade)
-                self.scope[SCOPE_KEY] = DirectChannel(  # type: ignore[literal-required]
-                    self, cycle, length=_body_length(self.headers), detachable=not self._tls,
-                    reattach=self._reattach)
-
-        def send_400_response(self, msg: str) -> None:
-            # uvicorn's answer to a request its parser refused (or whose headers were too large), as uvicorn
-            # writes it; but the connection lingers instead of closing at once: the client may still be
-            # sending a body behind the bad head, and closing with its bytes unread made the kernel reset the
-            # connection before the client read the 400 (the S3 fuzzer's rare "no answer").
-            self.transport.write(b"".join([
-                STATUS_LINES[400],
-                *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
-                b"content-type: text/plain; charset=utf-8\r\n",
-                b"content-length: %d\r\n" % len(msg), b"connection: close\r\n\r\n", msg.encode("ascii"),
-            ]))
-            self._disarm()
-            close_lingering(self.transport, self, self.loop)
-
-        def _reattach(self) -> None:
-            """After a body read below the parser: this protocol reads the connection again, with a fresh
-            parser (the old one never saw the body's bytes)."""
-            self.parser = httptools.HttpRequestParser(self)
-            with contextlib.suppress(AttributeError):  # httptools < 0.6.3
-                self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
-            self.transport.set_protocol(self)
-
-        def on_url(self, url: bytes) -> None:
-            self._count(len(url))
-            super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count(len(name) + len(value) + 4)
-            super().on_header(name, value)
-
-        def _count(self, n: int) -> None:
-            self._header_bytes += n
-            if self._header_bytes > limit:
-                # Raised inside a parser callback: uvicorn answers 400 and closes the connection.
-                raise ValueError("request headers too large")
-
-        def shutdown(self) -> None:
-            # On SIGTERM uvicorn closes idle connections and waits until every one is gone. Closing a TLS
-            # connection waits for the peer's close_notify (up to 30 s), which an idle pooled client never
-            # sends: the drain would last the whole drain_timeout with nothing in flight. A connection with
-            # no request in progress and nothing left to write is dropped at once instead.
-            idle = self.cycle is None or self.cycle.response_complete
-            if idle and not self.transport.get_write_buffer_size():
-                self._disarm()
-                self.transport.abort()
-            else:
-                super().shutdown()
-
-        def _arm(self, timeout: float | None) -> None:
-            self._disarm()
-            if timeout is not None:
-                self._header_timer = self.loop.call_later(timeout, self._headers_timed_out)
-
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_timed_out(self) -> None:
-            self._header_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
-
-    return LimitedHttpToolsProtocol
-
-
-def _body_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    """The body's length from the request headers: Content-Length, 0 without one; None when chunked (or a
-    length that is not one number)."""
-    length = 0
-    seen = False
-    for name, value in headers:
-        if name == b"transfer-encoding":
-            return None
-        if name == b"content-length":
-            text = value.strip()
-            if seen or not text.isdigit():
-                return None
-            length, seen = int(text), True
-    return length
+def http_options(settings: Settings) -> HttpOptions:
+    """The HTTP protocol's limits: a silent new connection waits as long as an idle kept-alive one, and both a
+    request's headers and a response the client stopped reading get the body's timeout."""
+    return HttpOptions(max_header_size=settings.max_header_size, idle_timeout=settings.keepalive_timeout,
+                       header_timeout=settings.body_timeout, write_timeout=settings.body_timeout)
 
 
 def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
@@ -245,8 +97,8 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=protocol_with_header_limit(settings.max_header_size, settings.keepalive_timeout,
-                                        settings.body_timeout, settings.body_timeout),
+        # uvicorn makes the protocol of each connection by calling this with keyword arguments
+        http=cast("type[asyncio.Protocol]", partial(NodeHttpProtocol, options=http_options(settings))),
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,

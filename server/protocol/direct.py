@@ -6,7 +6,7 @@ and the transport paused above 64 KiB buffered, so a restore of 2048 blocks made
 of the node's CPU); a put's body was copied three times in user space (the HTTP layer's bytearray, a new
 ``bytes`` per ASGI message, the body reader's copy into the block's buffer) before its checksums ran.
 
-The node's HTTP protocol (uvicorn's httptools protocol, subclassed in :mod:`ctxstore_server.serve`) puts a
+The node's HTTP protocol (uvicorn's httptools protocol, subclassed in :mod:`.http`) puts a
 :class:`DirectChannel` into the scope of every request (``scope[SCOPE_KEY]``). The request shell
 (:mod:`.shell`) answers through it and :meth:`.asgi.Request.readinto` reads through it when it is there; plain
 ASGI is the fallback (in-process tests, another server). What the ASGI path does, it keeps: the body deadline
@@ -28,6 +28,8 @@ to ``transport.writelines`` at once; the event loop sends them with as few ``wri
 and keeps the rest referenced, not copied. :meth:`DirectChannel.respond` returns once the transport is below its
 low-water mark again (when the ASGI path's last ``send`` would have returned), so a reply's ``after`` hooks
 (leases) still run after the send.
+
+uvicorn's protocol and request cycle are reached through :mod:`.uvicorn_seam` only.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Protocol
 
 from .deadline import BodyDeadline, BodyTimeout
+from .uvicorn_seam import Connection, Cycle
 
 SCOPE_KEY = "ctxstore.direct"  # where the HTTP protocol puts a request's channel
 
@@ -74,6 +77,10 @@ class ClientDisconnected(Exception):
     """The client went away before its request body was complete: nothing to answer, nothing stored."""
 
 
+class HttpConnection(Connection, Protocol):
+    """The node's HTTP protocol (:class:`.http.NodeHttpProtocol`) as the data path uses it."""
+
+
 LINGER_SECONDS = 2.0  # how long a closing connection reads away a body still arriving (then it closes)
 LINGER_BYTES = 64 << 20  # and at most this much of it
 
@@ -85,12 +92,12 @@ class _Linger(asyncio.BufferedProtocol):
     destroy the answer before the client has read it (the client then sees a dropped connection instead of
     its 4xx). Closes at the client's EOF, past :data:`LINGER_BYTES` or after :data:`LINGER_SECONDS`."""
 
-    def __init__(self, transport: asyncio.Transport, http: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport, http: HttpConnection) -> None:
         self._transport = transport
         self._http = http
         self._left = LINGER_BYTES
         self._buf = memoryview(bytearray(_SCRATCH))
-        self._timer = loop.call_later(LINGER_SECONDS, self._close)
+        self._timer = http.loop.call_later(LINGER_SECONDS, self._close)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._buf
@@ -122,15 +129,16 @@ class _Linger(asyncio.BufferedProtocol):
         self._transport.close()
 
 
-def close_lingering(transport: asyncio.Transport, http: Any, loop: asyncio.AbstractEventLoop) -> None:
+def close_lingering(http: HttpConnection) -> None:
     """Close a connection after its answer was written, when the client may still be sending a body behind
     it: a FIN after the answer, then what still arrives is read away (:class:`_Linger`). Where the transport
     cannot half-close, it closes at once."""
+    transport = http.transport
     if not transport.can_write_eof():
         transport.close()
         return
     transport.write_eof()
-    transport.set_protocol(_Linger(transport, http, loop))
+    transport.set_protocol(_Linger(transport, http))
     http.flow.resume_reading()
 
 
@@ -138,7 +146,7 @@ class _BodySink(asyncio.BufferedProtocol):
     """The transport's protocol while a detached body is read: the kernel writes into the channel's
     destination. Everything else (connection lost, EOF, write flow control) goes on to the HTTP protocol."""
 
-    def __init__(self, channel: DirectChannel, http: Any) -> None:
+    def __init__(self, channel: DirectChannel, http: HttpConnection) -> None:
         self.channel = channel
         self.http = http
 
@@ -156,8 +164,8 @@ class _BodySink(asyncio.BufferedProtocol):
         self.http.connection_lost(exc)
 
     def eof_received(self) -> bool | None:
-        result: bool | None = self.http.eof_received()
-        return result
+        self.http.eof_received()
+        return None
 
     def pause_writing(self) -> None:
         self.http.pause_writing()
@@ -170,13 +178,13 @@ class DirectChannel:
     """One request's body and response below ASGI, on uvicorn's httptools protocol ``http`` and its request
     cycle. ``reattach`` puts the HTTP protocol back on the transport with a fresh parser."""
 
-    def __init__(self, http: Any, cycle: Any, *, length: int | None, detachable: bool,
+    def __init__(self, http: HttpConnection, cycle: Cycle, *, length: int | None, detachable: bool,
                  reattach: Callable[[], None]) -> None:
         self._http = http
         self._cycle = cycle
-        self._transport: asyncio.Transport = http.transport
+        self._transport = http.transport
         self._flow = http.flow
-        self._loop: asyncio.AbstractEventLoop = http.loop
+        self._loop = http.loop
         self._length = length  # Content-Length; None: chunked (read through the parser only)
         self._detachable = detachable and length is not None
         self._reattach = reattach
@@ -394,7 +402,7 @@ class DirectChannel:
             return
         self._stop_watch()
         self._sink = None
-        close_lingering(transport, self._http, self._loop)
+        close_lingering(self._http)
 
     async def respond(self, status: int, headers: Sequence[tuple[str, str]], parts: Sequence[Buffer], *,
                       head: bool, length: int) -> None:
