@@ -75,6 +75,7 @@ class RequestMetrics(Collector):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self._series: dict[tuple[str, str, int], _Series] = {}
         self._io: dict[tuple[str, str], list[int]] = {}
+        self.writes_after_close = 0  # counted by the HTTP protocol (server/protocol/http.py)
         if registry is not None:
             registry.register(self)
 
@@ -125,7 +126,7 @@ class RequestMetrics(Collector):
         )
 
     def describe(self) -> Iterable[Metric]:
-        return self._families()
+        return [*self._families(), _writes_after_close()]
 
     def collect(self) -> Iterator[Metric]:
         requests, duration, bytes_in, bytes_out = self._families()
@@ -141,6 +142,14 @@ class RequestMetrics(Collector):
             bytes_in.add_metric([api, operation], n_in)
             bytes_out.add_metric([api, operation], n_out)
         yield from (requests, duration, bytes_in, bytes_out)
+        dropped = _writes_after_close()
+        dropped.add_metric([], self.writes_after_close)
+        yield dropped
+
+
+def _writes_after_close() -> CounterMetricFamily:
+    return CounterMetricFamily("ctxstore_writes_after_close", "Answers dropped unwritten: the client had closed "
+                               "or half-closed the connection (or the node had ended it after an earlier answer).")
 
 
 def body_bytes(req: Request) -> int:

@@ -98,7 +98,8 @@ def uvicorn_config(app: App, settings: Settings) -> uvicorn.Config:
         port=settings.port,
         loop="uvloop",
         # uvicorn makes the protocol of each connection by calling this with keyword arguments
-        http=cast("type[asyncio.Protocol]", partial(NodeHttpProtocol, options=http_options(settings))),
+        http=cast("type[asyncio.Protocol]", partial(NodeHttpProtocol, options=http_options(settings),
+                                                     counters=app.metrics.requests)),
         lifespan="on",
         access_log=False,
         log_level=settings.log_level,

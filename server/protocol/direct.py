@@ -27,7 +27,8 @@ Writing. The head (status line, default headers, the reply's headers, Content-Le
 to ``transport.writelines`` at once; the event loop sends them with as few ``writev`` calls as the socket takes
 and keeps the rest referenced, not copied. :meth:`DirectChannel.respond` returns once the transport is below its
 low-water mark again (when the ASGI path's last ``send`` would have returned), so a reply's ``after`` hooks
-(leases) still run after the send.
+(leases) still run after the send. An answer that finds the connection's output closed (the client closed or
+half-closed it, or the node ended it after an earlier answer) is dropped and counted, never written.
 
 uvicorn's protocol and request cycle are reached through :mod:`.uvicorn_seam` only.
 """
@@ -78,7 +79,12 @@ class ClientDisconnected(Exception):
 
 
 class HttpConnection(Connection, Protocol):
-    """The node's HTTP protocol (:class:`.http.NodeHttpProtocol`) as the data path uses it."""
+    """The node's HTTP protocol (:class:`.http.NodeHttpProtocol`) as the data path uses it: uvicorn's
+    protocol, plus the state of the connection's output."""
+
+    def output_open(self) -> bool: ...  # whether an answer can still be written
+    def answer_dropped(self) -> None: ...  # count an answer that found the output closed
+    def end_output(self) -> None: ...  # nothing more may be written: requests not yet answered are dropped
 
 
 LINGER_SECONDS = 2.0  # how long a closing connection reads away a body still arriving (then it closes)
@@ -132,8 +138,9 @@ class _Linger(asyncio.BufferedProtocol):
 def close_lingering(http: HttpConnection) -> None:
     """Close a connection after its answer was written, when the client may still be sending a body behind
     it: a FIN after the answer, then what still arrives is read away (:class:`_Linger`). Where the transport
-    cannot half-close, it closes at once."""
+    cannot half-close, it closes at once. Either way nothing more is written on it (``http.end_output``)."""
     transport = http.transport
+    http.end_output()
     if not transport.can_write_eof():
         transport.close()
         return
@@ -211,7 +218,7 @@ class DirectChannel:
         """Fill ``view`` with body bytes; fewer only where the body ends. Raises :class:`ClientDisconnected` and
         :class:`BodyTimeout`."""
         cycle = self._cycle
-        if cycle.waiting_for_100_continue and not self._transport.is_closing():
+        if cycle.waiting_for_100_continue and self._http.output_open():
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             cycle.waiting_for_100_continue = False
         want = len(view)
@@ -413,7 +420,11 @@ class DirectChannel:
         flow = self._flow
         if flow.write_paused and not cycle.disconnected:
             await flow.drain()
-        if cycle.disconnected:
+        if cycle.disconnected or not self._http.output_open():
+            # The client closed or half-closed the connection (or the node ended it): not a byte is written, and
+            # uvicorn is told the cycle is over without an answer (it would log one missing).
+            cycle.disconnected = True
+            self._http.answer_dropped()
             return
         names = [name.lower() for name, _ in headers]
         values = [value for _, value in headers]

@@ -1,5 +1,6 @@
 """The node's HTTP protocol: uvicorn's httptools protocol (reached through :mod:`.uvicorn_seam`) with the limits
-uvicorn lacks and the data path below ASGI (:mod:`.direct`) on every request.
+uvicorn lacks, the data path below ASGI (:mod:`.direct`) on every request, and answers to a closed connection
+dropped and counted instead of raised.
 
 What it adds to uvicorn's protocol:
 
@@ -11,19 +12,21 @@ What it adds to uvicorn's protocol:
   for ``write_timeout``) is dropped, freeing what it was sending;
 - a :class:`~.direct.DirectChannel` in every request's scope (``scope[SCOPE_KEY]``), which the request shell
   answers through and the body readers read through;
-- a 400 for a request the parser refused that lingers instead of closing at once (:func:`~.direct.close_lingering`).
+- a 400 for a request the parser refused that lingers instead of closing at once (:func:`~.direct.close_lingering`);
+- once the connection's output is closed (by the node after an answer, or by the client's half-close or close),
+  any answer still to come is dropped without a write and counted in ``writes_after_close``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .direct import SCOPE_KEY, STATUS_LINES, DirectChannel, close_lingering
 from .uvicorn_seam import HttpToolsProtocol, new_parser
 
-__all__ = ["HttpOptions", "NodeHttpProtocol", "body_length"]
+__all__ = ["Counters", "HttpOptions", "NodeHttpProtocol", "body_length"]
 
 
 @dataclass(frozen=True)
@@ -36,19 +39,50 @@ class HttpOptions:
     write_timeout: float | None = None  # seconds a paused response may go without the client taking a byte
 
 
+class Counters(Protocol):
+    """Where the protocol counts what it does quietly (the node's request metrics)."""
+
+    writes_after_close: int  # answers dropped: the connection's output was closed
+
+
 class NodeHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with :class:`HttpOptions`. uvicorn makes one per connection, calling what
     it is configured with by keyword only, so the node configures it as
-    ``functools.partial(NodeHttpProtocol, options=...)``."""
+    ``functools.partial(NodeHttpProtocol, options=..., counters=...)``."""
 
-    def __init__(self, *args: Any, options: HttpOptions, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, options: HttpOptions, counters: Counters, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.options = options
+        self.counters = counters
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
         self._write_seen = 0
         self._tls = False
+        self._output_ended = False
+
+    # ------------------------------------------------------------------ the connection's output
+
+    def output_open(self) -> bool:
+        """Whether an answer can still be written: the node has not ended the output (a FIN after an answer)
+        and the transport is not closing (the client closed or half-closed, a deadline closed it)."""
+        return not self._output_ended and not self.transport.is_closing()
+
+    def answer_dropped(self) -> None:
+        """An answer found the output closed and was not written."""
+        self.counters.writes_after_close += 1
+
+    def end_output(self) -> None:
+        """Nothing more is written on this connection: every request not yet answered (the one in progress,
+        pipelined ones) is marked disconnected, so that its answer is dropped, its body read ends, and uvicorn's
+        own ``send`` and ``receive`` write nothing either (not even a 100 Continue)."""
+        self._output_ended = True
+        cycles = [self.cycle, *(cycle for cycle, _ in self.pipeline)]
+        for cycle in cycles:
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.waiting_for_100_continue = False
+                cycle.message_event.set()
 
     # ------------------------------------------------------------------ transport callbacks
 
@@ -126,6 +160,10 @@ class NodeHttpProtocol(HttpToolsProtocol):
         # body behind the bad head, and closing with its bytes unread made the kernel reset the connection
         # before the client read the 400 (the S3 fuzzer's rare "no answer").
         self._disarm()
+        if not self.output_open():
+            self.answer_dropped()
+            self.transport.close()
+            return
         self.transport.write(b"".join([
             STATUS_LINES[400],
             *(name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers),
