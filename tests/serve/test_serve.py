@@ -345,9 +345,12 @@ def test_help_lists_every_flag() -> None:
         assert (flag in proc.stdout) == setting.flag, flag
 
 
-def test_a_node_a_failed_test_left_running_is_stopped_when_the_test_ends(tmp_path: Path) -> None:
+def test_a_node_a_failed_test_left_running_is_stopped_when_the_test_ends(tmp_path: Path,
+                                                                       pytestconfig: pytest.Config) -> None:
     """The suite's own cleanup (tests/conftest.py), driven as pytest drives it around a test's call."""
-    import conftest
+    # By its path: "import conftest" finds whichever conftest.py was loaded last (tests/s3 and others have one).
+    conftest = pytestconfig.pluginmanager.get_plugin(str(REPO_ROOT / "tests" / "conftest.py"))
+    assert conftest is not None
 
     around_call = conftest.pytest_runtest_call(item=None)
     next(around_call)
