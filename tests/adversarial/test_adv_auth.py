@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 from support.nodes import Node, make_client
 from support.probes import alive, start_probed_node
-from support.s3raw import UNSIGNED, RawClient, bulk_frame, presign_v2, presign_v4, signed
+from support.raw import UNSIGNED, RawClient, bulk_frame, presign_v2, presign_v4, sign
 
 WEEK = 7 * 24 * 3600
 
@@ -91,7 +91,7 @@ def test_header_added_after_header_signing_is_access_denied(s3, raw: RawClient, 
                                                             value: str) -> None:
     s3.put_object(Bucket=bucket, Key="k", Body=b"before")
     target = f"/{bucket}/k"
-    headers = signed(raw.endpoint, "PUT", target, payload_hash=UNSIGNED, headers={"Content-Length": "5"}).headers
+    headers = sign(raw.endpoint, "PUT", target, payload_hash=UNSIGNED, headers={"Content-Length": "5"}).headers
     headers[name] = value.format(bucket=bucket)
     reply = raw.exchange("PUT", target, headers, b"after")
     assert (reply.status, reply.code) == (403, "AccessDenied")
@@ -101,7 +101,7 @@ def test_header_added_after_header_signing_is_access_denied(s3, raw: RawClient, 
 
 def test_signed_metadata_and_ttl_are_accepted(s3, raw: RawClient, bucket: str) -> None:
     target = f"/{bucket}/k"
-    headers = signed(raw.endpoint, "PUT", target, payload_hash=UNSIGNED, headers={
+    headers = sign(raw.endpoint, "PUT", target, payload_hash=UNSIGNED, headers={
         "Content-Length": "4", "x-amz-meta-colour": "blue", "x-ctx-ttl": "600"}).headers
     assert raw.exchange("PUT", target, headers, b"data").status == 200
     assert s3.head_object(Bucket=bucket, Key="k")["Metadata"] == {"colour": "blue"}
@@ -109,7 +109,7 @@ def test_signed_metadata_and_ttl_are_accepted(s3, raw: RawClient, bucket: str) -
 
 def test_header_added_to_a_signed_get_is_access_denied(s3, raw: RawClient, bucket: str) -> None:
     target = f"/{bucket}/secret"
-    headers = signed(raw.endpoint, "GET", target, payload_hash=UNSIGNED).headers
+    headers = sign(raw.endpoint, "GET", target, payload_hash=UNSIGNED).headers
     headers["x-amz-checksum-mode"] = "ENABLED"
     reply = raw.exchange("GET", target, headers)
     assert (reply.status, reply.code) == (403, "AccessDenied")
@@ -119,8 +119,8 @@ def test_header_added_to_a_signed_get_is_access_denied(s3, raw: RawClient, bucke
 def test_header_added_to_a_bulk_call_is_access_denied(s3, raw: RawClient, bucket: str) -> None:
     target = f"/_ctx/v1/bulk/{bucket}/delete"
     body = bulk_frame({"v": 1, "keys": ["secret"]})
-    headers = signed(raw.endpoint, "POST", target, payload_hash=UNSIGNED,
-                     headers={"Content-Length": str(len(body))}).headers
+    headers = sign(raw.endpoint, "POST", target, payload_hash=UNSIGNED,
+                   headers={"Content-Length": str(len(body))}).headers
     headers["x-ctx-ttl"] = "1"
     reply = raw.exchange("POST", target, headers, body)
     assert (reply.status, reply.code) == (403, "AccessDenied")
@@ -162,8 +162,8 @@ def test_expired_presigned_put_is_access_denied(s3, raw: RawClient, bucket: str)
 def test_request_signed_twenty_minutes_ago_is_too_skewed(s3, raw: RawClient, bucket: str) -> None:
     target = f"/{bucket}/old"
     when = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=20)
-    headers = signed(raw.endpoint, "PUT", target, payload_hash=UNSIGNED, headers={"Content-Length": "4"},
-                     when=when).headers
+    headers = sign(raw.endpoint, "PUT", target, payload_hash=UNSIGNED, headers={"Content-Length": "4"},
+                   when=when).headers
     reply = raw.exchange("PUT", target, headers, b"data")
     assert (reply.status, reply.code) == (403, "RequestTimeTooSkewed")
     assert absent(s3, bucket, "old")

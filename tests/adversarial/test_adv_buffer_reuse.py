@@ -15,7 +15,7 @@ import pytest
 import xxhash
 from support.nodes import Node
 from support.probes import Admin, MiB, start_probed_node
-from support.s3raw import UNSIGNED, RawClient, signed
+from support.raw import UNSIGNED, RawClient, sign
 
 SIZE = 1 * MiB
 
@@ -65,7 +65,7 @@ def test_an_answer_in_flight_keeps_its_bytes_while_its_size_is_rewritten(node: N
         assert raw.s3("PUT", f"/{bucket}").status == 200
         assert raw.s3("PUT", f"/{bucket}/obj", old, payload_hash=UNSIGNED).status == 200
         target = f"/{bucket}/obj"
-        readers = [slow_reader(node.port, raw.head_bytes("GET", target, signed(raw.endpoint, "GET", target).headers))
+        readers = [slow_reader(node.port, raw.head_bytes("GET", target, sign(raw.endpoint, "GET", target).headers))
                    for _ in range(3)]
         time.sleep(0.2)  # the answers have started: each holds a view of the block's buffer
         assert raw.s3("DELETE", target).status == 204

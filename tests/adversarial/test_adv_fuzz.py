@@ -26,19 +26,19 @@ import pytest
 import xxhash
 from support.nodes import Node
 from support.probes import Admin, alive, log_size, start_probed_node, tracebacks, wait_until
-from support.s3raw import (
+from support.raw import (
     SIGNED_CHUNKS,
     SIGNED_CHUNKS_TRAILER,
     UNSIGNED,
     UNSIGNED_TRAILER,
     RawClient,
-    Reply,
+    RawResponse,
     aws_chunked,
     bulk_frame,
     crc32_b64,
     presign_v2,
     presign_v4,
-    signed,
+    sign,
 )
 from support.soak import SOAK_TIMEOUT, scaled
 
@@ -77,7 +77,7 @@ class Outcome:
     statuses: dict[int, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
-    def saw(self, case: int, reply: Reply | None, what: str) -> bool:
+    def saw(self, case: int, reply: RawResponse | None, what: str) -> bool:
         """Count an answer; record a failure for no answer or a forbidden 5xx. True if it was acceptable."""
         self.cases += 1
         if reply is None:
@@ -98,7 +98,7 @@ class Outcome:
             self.failures[:15])
 
 
-def send(raw: RawClient, method: str, target: str, headers: dict[str, str], body: bytes) -> Reply | None:
+def send(raw: RawClient, method: str, target: str, headers: dict[str, str], body: bytes) -> RawResponse | None:
     """One request, no retry: a connection the node closes without answering is a finding."""
     try:
         return raw.exchange(method, target, headers, body, retry=False)
@@ -237,7 +237,7 @@ def s3_sign(rng: random.Random, raw: RawClient, method: str, target: str, header
         payload = UNSIGNED
     elif roll < 0.14:
         payload = hashlib.sha256(body + b"x").hexdigest()
-    out = signed(raw.endpoint, method, target, payload_hash=payload, headers=headers).headers
+    out = sign(raw.endpoint, method, target, payload_hash=payload, headers=headers).headers
     if roll > 0.97:
         out["Authorization"] = out["Authorization"][:-4] + "0000"
     return target, out
@@ -299,7 +299,7 @@ def chunked_case(rng: random.Random, raw: RawClient, target: str) -> tuple[dict[
         else:
             trailer = ("x-amz-checksum-sha256", base64.b64encode(hashlib.sha256(payload).digest()).decode())
         headers["x-amz-trailer"] = trailer[0]
-    seed = signed(raw.endpoint, "PUT", target, payload_hash=mode, headers=headers)  # Content-Length: unsigned
+    seed = sign(raw.endpoint, "PUT", target, payload_hash=mode, headers=headers)  # Content-Length: unsigned
     body = aws_chunked(payload, chunk_size=chunk, seed=seed if mode != UNSIGNED_TRAILER else None,
                        trailer=trailer)
     out = dict(seed.headers)
@@ -465,7 +465,7 @@ def bulk_case(rng: random.Random, case: int) -> tuple[str, bytes, list[str], dic
     return op, body, keys if op == "put" else [], blocks, exact
 
 
-def decodes(op: str, reply: Reply) -> bool:
+def decodes(op: str, reply: RawResponse) -> bool:
     """Whether an answer is a well-formed frame the client's own decoders accept (sized by its own lists)."""
     try:
         head, _ = wire.unpack_head(reply.body, wire.ANY_HEAD)
@@ -499,8 +499,8 @@ def test_fuzz_bulk_frames(node: Node, healthy: None) -> None:
             op, body, keys, blocks, exact = bulk_case(rng, case)
             target = f"/_ctx/v1/bulk/{bucket}/{op}"
             method = "POST" if rng.random() > 0.02 else rng.choice(["GET", "PUT", "DELETE"])
-            headers = signed(raw.endpoint, method, target, payload_hash=UNSIGNED,
-                             headers={"Content-Length": str(len(body))}).headers
+            headers = sign(raw.endpoint, method, target, payload_hash=UNSIGNED,
+                           headers={"Content-Length": str(len(body))}).headers
             reply = send(raw, method, target, headers, body)
             if not outcome.saw(case, reply, f"{method} {op}"):
                 continue
@@ -628,7 +628,7 @@ def test_fuzz_xml_bodies(node: Node, healthy: None) -> None:
                                       for i, e in enumerate(etags, 1)) + "</CompleteMultipartUpload>")
                 body, _ = mutate_xml(rng, template)
                 target = f"/{bucket}/{key}?uploadId={upload}"
-                reply = send(raw, "POST", target, signed(raw.endpoint, "POST", target, payload_hash=hashlib.sha256(
+                reply = send(raw, "POST", target, sign(raw.endpoint, "POST", target, payload_hash=hashlib.sha256(
                     body).hexdigest(), headers={"Content-Length": str(len(body))}).headers, body)
                 if not outcome.saw(case, reply, "CompleteMultipartUpload"):
                     continue
@@ -644,8 +644,8 @@ def test_fuzz_xml_bodies(node: Node, healthy: None) -> None:
                             + "".join(f"<Object><Key>{k}</Key></Object>" for k in SENTINELS) + "</Delete>")
                 body, _ = mutate_xml(rng, template)
                 target = f"/{bucket}?delete"
-                headers = signed(raw.endpoint, "POST", target, payload_hash=hashlib.sha256(body).hexdigest(),
-                                 headers={"Content-Length": str(len(body)),
+                headers = sign(raw.endpoint, "POST", target, payload_hash=hashlib.sha256(body).hexdigest(),
+                               headers={"Content-Length": str(len(body)),
                                           "Content-MD5": base64.b64encode(hashlib.md5(body).digest()).decode()}).headers
                 reply = send(raw, "POST", target, headers, body)
                 if not outcome.saw(case, reply, "DeleteObjects"):
@@ -662,7 +662,7 @@ def test_fuzz_xml_bodies(node: Node, healthy: None) -> None:
                             "<LocationConstraint>us-east-1</LocationConstraint></CreateBucketConfiguration>")
                 body, _ = mutate_xml(rng, template)
                 target = f"/{name}"
-                reply = send(raw, "PUT", target, signed(raw.endpoint, "PUT", target, payload_hash=hashlib.sha256(
+                reply = send(raw, "PUT", target, sign(raw.endpoint, "PUT", target, payload_hash=hashlib.sha256(
                     body).hexdigest(), headers={"Content-Length": str(len(body))}).headers, body)
                 if not outcome.saw(case, reply, "CreateBucket"):
                     continue

@@ -38,7 +38,7 @@ from support.probes import (
     start_probed_node,
     wait_until,
 )
-from support.s3raw import UNSIGNED, RawClient, bulk_frame, signed
+from support.raw import UNSIGNED, RawClient, bulk_frame, sign
 
 SLACK = 48 * MiB  # allocator arenas, uvicorn buffers, one request's transient copies: never hundreds of MiB
 
@@ -206,7 +206,7 @@ def test_s3_readers_that_stop_reading_are_charged_then_closed(stall_node: Node) 
     bucket = "stall-s3-" + secrets.token_hex(4)
 
     def request(raw: RawClient) -> bytes:
-        return raw.head_bytes("GET", f"/{bucket}/obj", signed(raw.endpoint, "GET", f"/{bucket}/obj").headers)
+        return raw.head_bytes("GET", f"/{bucket}/obj", sign(raw.endpoint, "GET", f"/{bucket}/obj").headers)
 
     stall_case(stall_node, bucket, request, lambda: OBJECT)
 
@@ -217,8 +217,8 @@ def test_bulk_readers_that_stop_reading_are_charged_then_closed(stall_node: Node
 
     def request(raw: RawClient) -> bytes:
         target = f"/_ctx/v1/bulk/{bucket}/get"
-        headers = signed(raw.endpoint, "POST", target, payload_hash=UNSIGNED,
-                         headers={"Content-Length": str(len(frame))}).headers
+        headers = sign(raw.endpoint, "POST", target, payload_hash=UNSIGNED,
+                       headers={"Content-Length": str(len(frame))}).headers
         return raw.head_bytes("POST", target, headers) + frame
 
     stall_case(stall_node, bucket, request, lambda: OBJECT)
@@ -236,8 +236,8 @@ def test_trickling_upload_loses_its_reservation_within_a_few_body_timeouts(stall
     with RawClient(stall_node.port, timeout=30) as raw:
         assert raw.s3("PUT", f"/{bucket}").status == 200
         target = f"/{bucket}/slow"
-        headers = signed(raw.endpoint, "PUT", target, payload_hash=UNSIGNED,
-                         headers={"Content-Length": str(MiB)}).headers
+        headers = sign(raw.endpoint, "PUT", target, payload_hash=UNSIGNED,
+                       headers={"Content-Length": str(MiB)}).headers
         reply = raw.stream("PUT", target, headers, [b"x"] * 20, pause=0.2)
         sent = raw.pieces_sent
     assert sent <= 15, f"the node still took bytes {sent * 0.2:.1f} s into a 1-byte-per-0.2-s upload"

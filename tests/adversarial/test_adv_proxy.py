@@ -13,7 +13,7 @@ import pytest
 from support.faultproxy import FaultProxy, Rule, extra, flip, garbage, hang, truncate
 from support.nodes import Node
 from support.probes import start_probed_node, wait_until
-from support.s3raw import RawClient, signed
+from support.raw import RawClient, sign
 
 PAYLOAD = os.urandom(100_000)
 
@@ -32,7 +32,7 @@ def get_through(proxy: FaultProxy, *, timeout: float = 5.0) -> tuple[bytes, byte
     """GET /proxy/obj through the proxy on a fresh connection: (head, body bytes received, closed by peer)."""
     sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=timeout)
     raw = RawClient(proxy.port)
-    headers = signed(raw.endpoint, "GET", "/proxy/obj").headers
+    headers = sign(raw.endpoint, "GET", "/proxy/obj").headers
     sock.sendall(raw.head_bytes("GET", "/proxy/obj", headers))
     data = b""
     closed = False
@@ -104,7 +104,7 @@ def test_garbage_replaces_the_answer(node: Node) -> None:
     with FaultProxy(("127.0.0.1", node.port), [garbage(b"NOT HTTP AT ALL")]) as proxy:
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
         raw = RawClient(proxy.port)
-        sock.sendall(raw.head_bytes("GET", "/proxy/obj", signed(raw.endpoint, "GET", "/proxy/obj").headers))
+        sock.sendall(raw.head_bytes("GET", "/proxy/obj", sign(raw.endpoint, "GET", "/proxy/obj").headers))
         data = b""
         while chunk := sock.recv(65536):
             data += chunk

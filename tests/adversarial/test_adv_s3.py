@@ -20,7 +20,7 @@ import pytest
 from botocore.exceptions import ClientError
 from support.nodes import Node, make_client
 from support.probes import Admin, alive, log_size, start_probed_node, tracebacks
-from support.s3raw import UNSIGNED, UNSIGNED_TRAILER, RawClient, aws_chunked, crc32_b64, signed
+from support.raw import UNSIGNED, UNSIGNED_TRAILER, RawClient, aws_chunked, crc32_b64, sign
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -261,8 +261,8 @@ def test_chunked_put_over_the_object_size_limit_stores_nothing(s3, raw: RawClien
     piece = os.urandom(1 * MiB)
     pieces = [f"{len(piece):x}\r\n".encode() + piece + b"\r\n" for _ in range(9)] + [b"0\r\n\r\n"]
     target = f"/{bucket}/too-big"
-    headers = signed(raw.endpoint, "PUT", target, payload_hash=UNSIGNED,
-                     headers={"Transfer-Encoding": "chunked"}).headers
+    headers = sign(raw.endpoint, "PUT", target, payload_hash=UNSIGNED,
+                   headers={"Transfer-Encoding": "chunked"}).headers
     reply = raw.stream("PUT", target, headers, pieces, pause=0.05)
     assert (reply.status, reply.code) == (400, "EntityTooLarge")
     with pytest.raises(ClientError):

@@ -23,7 +23,7 @@ import pytest
 import xxhash
 from support.nodes import Node
 from support.probes import Admin, MiB, alive, http_request, start_probed_node, wait_until
-from support.s3raw import UNSIGNED, RawClient, bulk_frame, presign_v2, presign_v4, signed
+from support.raw import UNSIGNED, RawClient, bulk_frame, presign_v2, presign_v4, sign
 
 BUDGET = 48 * MiB
 BLOCK = 1 * MiB
@@ -101,9 +101,9 @@ def set_quota(admin: Admin, tenant: Tenant, quota: int) -> None:
 
 def header_only_put(tenant: Tenant, target: str, length: int) -> socket.socket:
     """Send the headers of a PUT announcing ``length`` bytes, and no body."""
-    headers = signed(tenant.raw.endpoint, "PUT", target, payload_hash=UNSIGNED,
-                     headers={"Content-Length": str(length)}, access=tenant.raw.access,
-                     secret=tenant.raw.secret).headers
+    headers = sign(tenant.raw.endpoint, "PUT", target, payload_hash=UNSIGNED,
+                   headers={"Content-Length": str(length)}, access=tenant.raw.access,
+                   secret=tenant.raw.secret).headers
     sock = socket.create_connection(("127.0.0.1", tenant.raw.port), timeout=10)
     sock.sendall(tenant.raw.head_bytes("PUT", target, headers))
     return sock
@@ -283,7 +283,7 @@ def test_another_tenant_can_neither_read_nor_change_a_tenants_blocks(node: Node,
         assert reply.status == 403 and secret not in reply.body
     # S3 keys open neither the admin API, nor the events stream, nor /metrics.
     for path in ("/_ctx/v1/admin/stats", "/_ctx/v1/events/snapshot", "/_ctx/metrics"):
-        headers = signed(b.raw.endpoint, "GET", path, access=b.raw.access, secret=b.raw.secret).headers
+        headers = sign(b.raw.endpoint, "GET", path, access=b.raw.access, secret=b.raw.secret).headers
         status, body = http_request(node.port, "GET", path, headers=headers)
         assert status in (401, 403), (path, status)
         assert a1.encode() not in body

@@ -11,12 +11,11 @@ from urllib.parse import quote, urlsplit
 
 import boto3
 import pytest
-from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth
-from botocore.awsrequest import AWSRequest, AWSResponse
-from botocore.credentials import Credentials as BotoCredentials
+from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.raw import presign_v4, sign
 
 from ctxstore_server.protocol.auth import AuthContext, Credentials, authenticate
 from ctxstore_server.protocol.errors import RequestError
@@ -371,15 +370,13 @@ def test_botocore_trailer_checksum_over_https() -> None:
 
 def python_signed(method: str, key: str, *, body: bytes = b"", headers: dict[str, str] | None = None,
                   presign_expires: int | None = None) -> Wire:
-    url = "http://s3.test:9000/bucket/" + quote(key, safe="/~")
-    request = AWSRequest(method=method, url=url, data=body, headers=headers or {})
-    credentials = BotoCredentials(KEY, SECRET)
+    endpoint, path = "http://s3.test:9000", "/bucket/" + quote(key, safe="/~")
     if presign_expires is None:
-        S3SigV4Auth(credentials, "s3", "us-east-1").add_auth(request)
-    else:
-        S3SigV4QueryAuth(credentials, "s3", "us-east-1", expires=presign_expires).add_auth(request)
-    sent = {name.lower(): value for name, value in request.headers.items()}
-    return wire_from_url(method, request.url, sent)
+        signed = sign(endpoint, method, path, payload_hash=hashlib.sha256(body).hexdigest(), headers=headers,
+                      access=KEY, secret=SECRET)
+        return wire_from_url(method, endpoint + path, {name.lower(): value for name, value in signed.headers.items()})
+    target = presign_v4(endpoint, method, path, expires=presign_expires, access=KEY, secret=SECRET, headers=headers)
+    return wire_from_url(method, endpoint + target, {name.lower(): value for name, value in (headers or {}).items()})
 
 
 @pytest.mark.parametrize("key", KEYS)

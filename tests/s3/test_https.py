@@ -20,9 +20,9 @@ from support.nodes import ACCESS_KEY, SECRET_KEY, Node, start_node
 from support.raw import (
     SIGNED_CHUNKS,
     SIGNED_CHUNKS_TRAILER,
+    aws_chunked,
     raw_request,
     sign,
-    signed_chunked_body,
 )
 from support.tls import make_self_signed
 
@@ -164,11 +164,11 @@ def test_signed_chunk_upload(server: Node, s3, bucket: str, size: int) -> None: 
     data = os.urandom(size)
     target = f"/{bucket}/signed/{size}"
     # The encoded length does not depend on the signatures: measure it with any.
-    body_len = len(signed_chunked_body(data, sign(server, "PUT", target)))
+    body_len = len(aws_chunked(data, seed=sign(server, "PUT", target)))
     headers = {"Content-Encoding": "aws-chunked", "x-amz-decoded-content-length": str(size),
                "Content-Length": str(body_len)}
     signed = sign(server, "PUT", target, payload_hash=SIGNED_CHUNKS, headers=headers)
-    body = signed_chunked_body(data, signed)
+    body = aws_chunked(data, seed=signed)
     assert len(body) == body_len
     resp = raw_request(server, "PUT", target, signed.headers, body)
     assert resp.status == 200, resp.body
@@ -182,11 +182,11 @@ def test_signed_chunk_upload_with_signed_trailer(server: Node, s3, bucket: str) 
     data = os.urandom(150_000)
     target = f"/{bucket}/signed-trailer"
     trailer = ("x-amz-checksum-crc32", crc32_b64(data))
-    probe = signed_chunked_body(data, sign(server, "PUT", target), trailer=trailer)
+    probe = aws_chunked(data, seed=sign(server, "PUT", target), trailer=trailer)
     headers = {"Content-Encoding": "aws-chunked", "x-amz-decoded-content-length": str(len(data)),
                "x-amz-trailer": "x-amz-checksum-crc32", "Content-Length": str(len(probe))}
     signed = sign(server, "PUT", target, payload_hash=SIGNED_CHUNKS_TRAILER, headers=headers)
-    body = signed_chunked_body(data, signed, trailer=trailer)
+    body = aws_chunked(data, seed=signed, trailer=trailer)
     resp = raw_request(server, "PUT", target, signed.headers, body)
     assert resp.status == 200, resp.body
     assert resp.headers.get("x-amz-checksum-crc32") == crc32_b64(data)

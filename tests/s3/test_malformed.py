@@ -3,7 +3,7 @@
 Every failure must come back as the right S3 error, store nothing, never replace what was stored, and leave
 the server serving others.
 
-The request builders (``sign``, ``RawConn``, ``signed_chunked_body``...) are in ``support.raw``.
+The request builders (``sign``, ``RawConn``, ``aws_chunked``...) are in ``support.raw``.
 """
 
 from __future__ import annotations
@@ -32,15 +32,14 @@ from support.raw import (
     RawConn,
     RawResponse,
     assert_healthy,
+    aws_chunked,
     chunked_headers,
     crc32_b64,
     http_chunked,
     raw_request,
     recv_head,
     sign,
-    signed_chunked_body,
     signed_request,
-    unsigned_trailer_body,
 )
 
 MiB = 1 << 20
@@ -100,7 +99,7 @@ def test_truncated_aws_chunked_body_stores_nothing(server: Node, s3, previous,  
     bucket, key, _ = previous
     data = os.urandom(300_000)
     target = f"/{bucket}/{key}"
-    body = unsigned_trailer_body(data, crc32_b64(data))
+    body = aws_chunked(data, trailer=("x-amz-checksum-crc32", crc32_b64(data)))
     headers = chunked_headers(UNSIGNED_TRAILER, len(data), len(body) if framing == "content-length" else None)
     signed = sign(server, "PUT", target, payload_hash=UNSIGNED_TRAILER, headers=headers)
     wire = body if framing == "content-length" else http_chunked(body)
@@ -128,17 +127,17 @@ def test_signed_chunks_wrong_signature(server: Node, s3, previous) -> None:  # n
     bucket, key, _ = previous
     data = os.urandom(200_000)
     target = f"/{bucket}/{key}"
-    probe = signed_chunked_body(data, sign(server, "PUT", target))
+    probe = aws_chunked(data, seed=sign(server, "PUT", target))
     headers = chunked_headers(SIGNED_CHUNKS, len(data), len(probe))
     for corrupt in (0, 2, 4):  # first, middle, final (empty) chunk
         signed = sign(server, "PUT", target, payload_hash=SIGNED_CHUNKS, headers=headers)
         resp = raw_request(server, "PUT", target, signed.headers,
-                           signed_chunked_body(data, signed, corrupt_chunk=corrupt))
+                           aws_chunked(data, seed=signed, corrupt_chunk=corrupt))
         assert (resp.status, resp.code) == (403, "SignatureDoesNotMatch"), (corrupt, resp)
     # Chunks signed with another seed (a replay of another request's chunks) fail too.
     other = sign(server, "PUT", target, payload_hash=SIGNED_CHUNKS, headers=headers)
     signed = sign(server, "PUT", target, payload_hash=SIGNED_CHUNKS, headers={**headers, "x-amz-meta-a": "b"})
-    resp = raw_request(server, "PUT", target, signed.headers, signed_chunked_body(data, other))
+    resp = raw_request(server, "PUT", target, signed.headers, aws_chunked(data, seed=other))
     assert (resp.status, resp.code) == (403, "SignatureDoesNotMatch")
 
 
@@ -169,7 +168,7 @@ def test_wrong_content_sha256(server: Node, previous) -> None:  # noqa: ANN001
 def test_decoded_length_mismatch(server: Node, previous) -> None:  # noqa: ANN001
     bucket, key, _ = previous
     data = os.urandom(100_000)
-    body = unsigned_trailer_body(data, crc32_b64(data))
+    body = aws_chunked(data, trailer=("x-amz-checksum-crc32", crc32_b64(data)))
     for declared in (len(data) + 1, len(data) - 1, 0):
         headers = chunked_headers(UNSIGNED_TRAILER, declared, len(body))
         signed = sign(server, "PUT", f"/{bucket}/{key}", payload_hash=UNSIGNED_TRAILER, headers=headers)
@@ -182,11 +181,12 @@ def test_trailer_checksum_failures(server: Node, previous) -> None:  # noqa: ANN
     data = os.urandom(100_000)
     target = f"/{bucket}/{key}"
     headers = chunked_headers(UNSIGNED_TRAILER, len(data), None)
+    crc = "x-amz-checksum-crc32"
     cases = {
-        "wrong crc": (unsigned_trailer_body(data, crc32_b64(b"other")), 400, "BadDigest"),
-        "no trailer": (unsigned_trailer_body(data, "")[:-len("x-amz-checksum-crc32:\r\n\r\n")] + b"\r\n",
+        "wrong crc": (aws_chunked(data, trailer=(crc, crc32_b64(b"other"))), 400, "BadDigest"),
+        "no trailer": (aws_chunked(data, trailer=(crc, ""))[:-len(f"{crc}:\r\n\r\n")] + b"\r\n",
                        400, "InvalidRequest"),
-        "not base64": (unsigned_trailer_body(data, "%%%%"), 400, "BadDigest"),
+        "not base64": (aws_chunked(data, trailer=(crc, "%%%%")), 400, "BadDigest"),
     }
     for name, (body, status, code) in cases.items():
         signed = sign(server, "PUT", target, payload_hash=UNSIGNED_TRAILER, headers=headers)
@@ -194,17 +194,17 @@ def test_trailer_checksum_failures(server: Node, previous) -> None:  # noqa: ANN
         assert (resp.status, resp.code) == (status, code), (name, resp)
     # A signed trailer whose signature is wrong.
     trailer = ("x-amz-checksum-crc32", crc32_b64(data))
-    probe = signed_chunked_body(data, sign(server, "PUT", target), trailer=trailer)
+    probe = aws_chunked(data, seed=sign(server, "PUT", target), trailer=trailer)
     headers = chunked_headers(SIGNED_CHUNKS_TRAILER, len(data), len(probe))
     signed = sign(server, "PUT", target, payload_hash=SIGNED_CHUNKS_TRAILER, headers=headers)
-    body = signed_chunked_body(data, signed, trailer=trailer)
+    body = aws_chunked(data, seed=signed, trailer=trailer)
     sig_at = body.rindex(b"x-amz-trailer-signature:") + len(b"x-amz-trailer-signature:")
     forged = body[:sig_at] + b"0" * 64 + body[sig_at + 64:]
     resp = raw_request(server, "PUT", target, signed.headers, forged)
     assert (resp.status, resp.code) == (403, "SignatureDoesNotMatch"), resp
     # ... and a trailer changed after signing (the signature covers the trailer's value).
     signed = sign(server, "PUT", target, payload_hash=SIGNED_CHUNKS_TRAILER, headers=headers)
-    body = signed_chunked_body(data, signed, trailer=trailer)
+    body = aws_chunked(data, seed=signed, trailer=trailer)
     other = crc32_b64(b"x")
     tampered = body.replace(trailer[1].encode(), other.encode())
     resp = raw_request(server, "PUT", target, signed.headers, tampered)
@@ -539,7 +539,7 @@ def test_slow_body_times_out(limits_bucket) -> None:  # noqa: ANN001
     assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"old"
     # A stall between aws-chunked chunks too.
     data = os.urandom(100_000)
-    wire = unsigned_trailer_body(data, crc32_b64(data), chunk=50_000)
+    wire = aws_chunked(data, trailer=("x-amz-checksum-crc32", crc32_b64(data)), chunk_size=50_000)
     signed = sign(node, "PUT", f"/{bucket}/k", payload_hash=UNSIGNED_TRAILER,
                   headers=chunked_headers(UNSIGNED_TRAILER, len(data), len(wire)))
     with RawConn(node, timeout=10) as conn:
