@@ -47,7 +47,7 @@ class Multipart:
             checksum_algorithm=checksum_algorithm,
         )
         upload.charge = self.config.upload_overhead + upload.metadata_bytes()
-        self.store.make_state_room(tenant, upload.charge)
+        self.store.capacity.make_state_room(tenant, upload.charge)
         self.budget.charge(tenant, upload.charge, "state")
         self.uploads[upload.upload_id] = upload
         self._owned[tenant] = self._owned.get(tenant, 0) + 1
@@ -81,7 +81,7 @@ class Multipart:
             self._charge(upload, -old.charge)
         try:
             self._check_fits(upload, len(data))
-            self.store.make_state_room(tenant, part.charge)
+            self.store.capacity.make_state_room(tenant, part.charge)
         except errors.StorageError:
             if old is not None:
                 upload.parts[number] = old

@@ -54,7 +54,7 @@ class Operator:
         if quota is not None:
             bucket.quota = quota
             if quota:
-                self.store.evict_lru(lambda: bucket.stats.charged <= quota, bucket, self.store.clock(), None)
+                self.store.eviction.evict_lru(lambda: bucket.stats.charged <= quota, bucket, self.store.clock(), None)
         return {"name": name, "policy": bucket.policy()}
 
     def set_tenant_quota(self, tenant: str, quota: int) -> None:
@@ -62,7 +62,7 @@ class Operator:
         if quota:
             self.budget.tenant_quota[tenant] = quota
             with contextlib.suppress(errors.InsufficientCapacity):  # the rest goes as the tenant's writes make room
-                self.store.evict_within_tenant(tenant, quota, self.store.clock())
+                self.store.capacity.evict_within_tenant(tenant, quota, self.store.clock())
         else:
             self.budget.tenant_quota.pop(tenant, None)
 
@@ -102,7 +102,7 @@ class Operator:
             self.store.reap_expired(None)
             self.store.buffers.make_room(0)  # kept payload buffers go before any block
             try:
-                self.store.evict_lru(lambda: self.budget.used <= budget, None, now, None)
+                self.store.eviction.evict_lru(lambda: self.budget.used <= budget, None, now, None)
             except errors.InsufficientCapacity:
                 pass  # what is left is pinned or in flight: reported below
         return {"evicted": self.stats()["evictions"] - evicted_before,

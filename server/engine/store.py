@@ -1,19 +1,17 @@
-"""The object store of the engine: buckets, objects, TTLs, pins and eviction.
+"""The object store of the engine: buckets and their objects (writes, conditions, reads, leases, pins, TTLs).
 
 Every method runs to completion without yielding, so a call is atomic with respect to every other call made
 from the same event loop: a conditional write is checked and applied in one step, and a reader never sees
 half an object.
 
-Making room evicts expired objects first (an expiry heap, O(log n) per object), then the least recently used
-unpinned ones. Each bucket keeps its own LRU list, and heaps of the buckets' LRU heads (one for the node, one
-per tenant) give the oldest head of the lists that apply (all buckets for the node budget, the tenant's for a
-tenant quota, one list for a bucket quota) in O(log buckets), so a write evicts only what it needs and costs
-the same with four buckets or thousands.
+The store composes three parts that act on its tables: :mod:`.capacity` (reservations, quotas and making room
+in the budget), :mod:`.expiry` (the expiry and pin-end heaps, reaping) and :mod:`.eviction` (the LRU victim of
+a bucket, a tenant or the node). The store keeps what every read and write touches: the objects' recency ticks
+and LRU lists and the live counts per scope, written inline on the hot paths; the parts read them.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from types import MappingProxyType
@@ -24,12 +22,13 @@ import xxhash
 from . import errors
 from .budget import Budget, Reservation
 from .buffers import PayloadBuffers
+from .capacity import Capacity
 from .config import EngineConfig
+from .eviction import NODE, Eviction
+from .expiry import Expiry
 from .lower import LowerTier, NoLowerTier
 from .objects import OBJECT_OVERHEAD, Bucket, Payload, StoredObject, etag_matches
 
-Scope = Bucket | str | None  # what an eviction may take from: one bucket, a tenant's buckets, or every bucket
-_NODE = ""  # the eviction heap of every bucket (tenant names are never empty)
 NODE_STATE = ""  # the "tenant" the buckets' own records are charged to: the node's, no one's quota
 
 # Shared by every object without metadata of a kind: three empty dicts per object would cost ~200 bytes.
@@ -63,19 +62,14 @@ class ObjectStore:
         self.clock = clock
         self.buckets: dict[str, Bucket] = {}
         self._ticks = itertools.count(1)  # recency: every write and recorded read takes the next tick
-        # Heaps of (time, seq, bucket, key). They name objects rather than hold them, so a removed object's
-        # payload is freed at once instead of lingering until its old expiry; stale entries are skipped.
-        self._expiry: list[tuple[float, int, str, str]] = []
-        self._pins: list[tuple[float, int, str, str]] = []  # pin ends
-        self._seq = itertools.count()
-        # Heaps of (head tick, seq, bucket) per scope (_NODE or a tenant): each bucket with objects has one entry
-        # in each heap that covers it, whose tick is at most its LRU head's (ticks only grow), fixed up lazily.
-        self._heads: dict[str, list[tuple[int, int, Bucket]]] = {_NODE: []}
-        self.count: dict[str, int] = {_NODE: 0}  # live objects per scope (_NODE or a tenant)
+        self.count: dict[str, int] = {NODE: 0}  # live objects per scope (NODE or a tenant)
         self.on_store: list[StoreListener] = []
         self.on_remove: list[RemovalListener] = []
         self.lower: LowerTier = NoLowerTier()  # the tier below RAM (the engine sets the node's)
         self.buffers = PayloadBuffers(budget, lambda delta: budget.charge(NODE_STATE, delta, "state"), clock)
+        self.expiry = Expiry(self.buckets, budget, self._remove)
+        self.eviction = Eviction(config, self.buckets, self._ticks, self.count, self._evict)
+        self.capacity = Capacity(config, budget, clock, self.buffers, self.expiry, self.eviction, self.bucket)
 
     # ------------------------------------------------------------------ buckets
 
@@ -92,7 +86,7 @@ class ObjectStore:
         bucket = Bucket(name=name, owner=tenant, created=self.clock(),
                         charge=self.config.bucket_overhead)
         # A bucket counts against the node's budget, not its owner's quota: buckets are capped per tenant.
-        self.make_room(bucket.charge)
+        self.capacity.make_room(bucket.charge)
         self.budget.charge(NODE_STATE, bucket.charge, "state")
         self.buckets[name] = bucket
         return True
@@ -130,196 +124,38 @@ class ObjectStore:
         self.budget.charge(NODE_STATE, -bucket.charge, "state")
         return bucket
 
-    # ------------------------------------------------------------------ capacity
+    # ------------------------------------------------------------------ room and expiry
+    # The parts' verbs that the engine's facade and the flash tier call on the store.
 
     def reserve(self, tenant: str, bucket_name: str, nbytes: int | None,
                 fixed: int = OBJECT_OVERHEAD, *, key: str | None = None, same_request: bool = False) -> Reservation:
-        """Open a reservation for an object (or part) of ``nbytes`` payload (None: not known until it has all
-        arrived), charged ``fixed`` more, before its body is read. What could never be stored is refused now
-        (EntityTooLarge: over the object size, the budget, the bucket's or the tenant's quota); the reservation
-        holds budget only as the body arrives (:meth:`Reservation.grow`), making room within what the tenant
-        may use. ``key``: the object it will replace, whose bytes count as free (replacing a block at the quota
-        evicts nothing else)."""
-        bucket = self.check_fits(tenant, bucket_name, nbytes or 0, fixed)
-        largest = self.config.max_object_size
-
-        def room(reservation: Reservation, more: int) -> None:
-            self._make_reserved_room(bucket, key, more)
-
-        cap = None if nbytes is not None else min(largest + fixed, self.budget.limit)
-        return self.budget.open(tenant, nbytes or 0, fixed, room, cap=cap, same_request=same_request)
+        """See :meth:`.capacity.Capacity.reserve`."""
+        return self.capacity.reserve(tenant, bucket_name, nbytes, fixed, key=key, same_request=same_request)
 
     def reserve_run(self, tenant: str, bucket_name: str, nbytes: int, fixed: int, *,
                     same_request: bool = False) -> Reservation:
-        """A reservation for several new objects whose sizes were checked one by one (see :meth:`reserve`)."""
-        bucket = self.bucket(tenant, bucket_name)
-
-        def room(reservation: Reservation, more: int) -> None:
-            self._make_reserved_room(bucket, None, more)
-
-        return self.budget.open(tenant, nbytes, fixed, room, same_request=same_request)
+        """See :meth:`.capacity.Capacity.reserve_run`."""
+        return self.capacity.reserve_run(tenant, bucket_name, nbytes, fixed, same_request=same_request)
 
     def check_fits(self, tenant: str, bucket_name: str, nbytes: int, fixed: int = OBJECT_OVERHEAD) -> Bucket:
-        """EntityTooLarge unless an object of ``nbytes`` payload (charged ``fixed`` more) could be stored: under
-        the object size limit, the budget, the bucket's and the tenant's quotas. Returns the bucket."""
-        if nbytes > self.config.max_object_size:
-            raise errors.EntityTooLarge(f"object of {nbytes} bytes exceeds the maximum {self.config.max_object_size}")
-        bucket = self.bucket(tenant, bucket_name)
-        charge = nbytes + fixed
-        if charge > self.budget.limit:
-            raise errors.EntityTooLarge(f"{charge} bytes cannot fit in a budget of {self.budget.limit}")
-        self._check_quotas(bucket, charge)
-        return bucket
-
-    def _check_quotas(self, bucket: Bucket, charge: int) -> None:
-        quota, _ = self.budget.tenant_usage(bucket.owner)
-        if bucket.quota and charge > bucket.quota:
-            raise errors.EntityTooLarge(f"{charge} bytes exceed the bucket quota of {bucket.quota}")
-        if quota and charge > quota:
-            raise errors.EntityTooLarge(f"{charge} bytes exceed the tenant quota of {quota}")
-
-    def _make_reserved_room(self, bucket: Bucket, key: str | None, more: int) -> None:
-        """Room for ``more`` bytes of a body in flight: within the tenant's quota (evicting its own objects),
-        then within the node's budget; the live object at ``key`` (the one it replaces) counts as free."""
-        now = self.clock()
-        old = bucket.objects.get(key) if key is not None else None
-        replacing = old if old is not None and not old.expired(now) else None
-        credit = replacing.charge if replacing is not None else 0
-        quota, _ = self.budget.tenant_usage(bucket.owner)
-        if quota:
-            self.evict_within_tenant(bucket.owner, quota, now, more - credit, replacing)
-        self.make_room(more, replacing=replacing)
-
-    def make_state_room(self, tenant: str, need: int) -> None:
-        """Room for ``need`` bytes of a tenant's unevictable state (a bucket, an upload, a part): within its
-        quota (evicting its own objects), then within the node's budget."""
-        quota, _ = self.budget.tenant_usage(tenant)
-        if quota:
-            if need > quota:
-                raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
-            self.evict_within_tenant(tenant, quota, self.clock(), need)
-        self.make_room(need)
+        """See :meth:`.capacity.Capacity.check_fits`."""
+        return self.capacity.check_fits(tenant, bucket_name, nbytes, fixed)
 
     def make_room(self, need: int, replacing: StoredObject | None = None) -> None:
-        """Evict until ``need`` more bytes fit in the budget.
-
-        ``replacing``: the live object the new one replaces; its bytes count as free and it is not evicted."""
-        budget = self.budget
-        if need > budget.limit:
-            raise errors.EntityTooLarge(f"{need} bytes cannot fit in a budget of {budget.limit}")
-        credit = replacing.charge if replacing is not None else 0
-        if budget.fits(need, credit):
-            return
-        self.buffers.make_room(need - credit)  # kept payload buffers go before any block
-        if budget.fits(need, credit):
-            return
-        now = self.clock()
-        self._reap_expired(now, limit=None, stop_when_fits=need - credit)
-        if budget.fits(need, credit):
-            return
-        self.drain_pins(now)
-        evictable = budget.evictable()
-        if replacing is not None and not replacing.pinned(now):
-            evictable -= credit
-        if budget.used - credit - evictable + need > budget.limit:
-            raise errors.InsufficientCapacity("everything left in the budget is pinned or being written")
-        self.evict_lru(lambda: budget.fits(need, credit), None, now, replacing)
-
-    def evict_lru(self, fits: Callable[[], bool], scope: Scope, now: float,
-                  spare: StoredObject | None = None) -> None:
-        """Evict least recently used objects of ``scope`` until ``fits()``, never a pinned one (nor ``spare``).
-
-        ``scope``: a bucket (its own LRU list), a tenant name (its buckets) or None (every bucket). Objects
-        carry an engine-wide access tick, so the oldest head across several lists is the scope's LRU object."""
-        stepped_over = 0
-        limit = min(self.config.max_pinned_scan, self._count(scope))
-        while not fits():
-            found = self._oldest(scope)
-            if found is None:
-                raise errors.InsufficientCapacity("nothing left to evict")
-            victim, home = found
-            if victim.pinned(now) or victim is spare:
-                # Step over it: it goes to its list's recent end and is revisited only after everything else.
-                home.lru.move_to_end(victim)
-                victim.tick = next(self._ticks)
-                stepped_over += 1
-                if stepped_over > limit:
-                    raise errors.InsufficientCapacity("everything left to evict is pinned")
-                continue
-            self._remove(victim, "demoted" if self.lower.demote(victim) else "evicted")
-
-    def _count(self, scope: Scope) -> int:
-        if isinstance(scope, Bucket):
-            return len(scope.lru)
-        return self.count.get(_NODE if scope is None else scope, 0)
-
-    def _oldest(self, scope: Scope) -> tuple[StoredObject, Bucket] | None:
-        """The least recently used object of ``scope`` and its bucket, or None if the scope holds none."""
-        if isinstance(scope, Bucket):
-            return (next(iter(scope.lru)), scope) if scope.lru else None
-        name = _NODE if scope is None else scope
-        heap = self._heads.get(name)
-        while heap:
-            tick, _, bucket = heap[0]
-            if not bucket.lru or self.buckets.get(bucket.name) is not bucket:  # emptied, or deleted
-                heapq.heappop(heap)
-                bucket.heads.discard(name)
-                continue
-            head = next(iter(bucket.lru))
-            if head.tick != tick:  # the head moved on (read, evicted, stepped over): fix the entry, look again
-                heapq.heapreplace(heap, (head.tick, next(self._seq), bucket))
-                continue
-            return head, bucket
-        return None
-
-    def _enter_heads(self, bucket: Bucket, tick: int) -> None:
-        """A bucket that holds objects again gets an entry in the node's heap and its owner's."""
-        for name in (_NODE, bucket.owner):
-            if name not in bucket.heads:
-                heapq.heappush(self._heads.setdefault(name, []), (tick, next(self._seq), bucket))
-                bucket.heads.add(name)
+        """See :meth:`.capacity.Capacity.make_room`."""
+        self.capacity.make_room(need, replacing)
 
     def reap_expired(self, limit: int | None) -> int:
         """Drop up to ``limit`` expired objects (all of them for None); returns how many."""
-        return self._reap_expired(self.clock(), limit)
-
-    def _reap_expired(self, now: float, limit: int | None, stop_when_fits: int | None = None) -> int:
-        removed = 0
-        heap = self._expiry
-        while heap and heap[0][0] <= now:
-            if limit is not None and removed >= limit:
-                break
-            if stop_when_fits is not None and self.budget.fits(stop_when_fits):
-                break
-            expires_at, _, bucket, key = heapq.heappop(heap)
-            obj = self._find(bucket, key)
-            if obj is not None and obj.expires_at == expires_at:
-                self._remove(obj, "expired")
-                removed += 1
-        return removed
+        return self.expiry.reap(self.clock(), limit)
 
     def compact_expiry_heap(self) -> None:
-        """Drop stale entries once they are most of the heap (TTL changes and removals leave them behind)."""
-        live = sum(len(b.objects) for b in self.buckets.values())
-        if len(self._expiry) > 2 * live + 1024:
-            self._expiry = [e for e in self._expiry if (o := self._find(e[2], e[3])) and o.expires_at == e[0]]
-            heapq.heapify(self._expiry)
-
-    def _find(self, bucket: str, key: str) -> StoredObject | None:
-        """The live object at (bucket, key) whatever its expiry, or None."""
-        b = self.buckets.get(bucket)
-        return None if b is None else b.objects.get(key)
+        """See :meth:`.expiry.Expiry.compact`."""
+        self.expiry.compact()
 
     def drain_pins(self, now: float) -> None:
-        """Stop counting pins that have ended as pinned bytes."""
-        heap = self._pins
-        while heap and heap[0][0] <= now:
-            until, _, bucket, key = heapq.heappop(heap)
-            obj = self._find(bucket, key)
-            if obj is not None and obj.pinned_until == until:
-                self.budget.pinned -= obj.charge
-                self.buckets[bucket].stats.pinned_bytes -= obj.charge
-                obj.pinned_until = 0.0  # drained: no longer counted in pinned bytes
+        """See :meth:`.expiry.Expiry.drain_pins`."""
+        self.expiry.drain_pins(now)
 
     # ------------------------------------------------------------------ objects
 
@@ -403,8 +239,9 @@ class ObjectStore:
         key = obj.key
         old = bucket.objects.get(key)
         live_old = old if old is not None and not old.expired(now) else None
-        self._within_quotas(bucket, obj.charge, live_old, now)
-        self.make_room(obj.charge, replacing=live_old)
+        capacity = self.capacity
+        capacity.within_quotas(bucket, obj.charge, live_old, now)
+        capacity.make_room(obj.charge, replacing=live_old)
         old = bucket.objects.get(key)  # an expired one may have been reaped to make room
         if old is not None:
             self._remove(old, "replaced" if old is live_old else "expired")
@@ -416,25 +253,6 @@ class ObjectStore:
         for listener in self.on_store:
             listener(obj)
         return obj
-
-    def _within_quotas(self, bucket: Bucket, need: int, replacing: StoredObject | None, now: float) -> None:
-        """Make room under the bucket's and the tenant's byte quotas by evicting their own LRU objects."""
-        credit = replacing.charge if replacing is not None else 0
-        quota, _ = self.budget.tenant_usage(bucket.owner)
-        # Both size checks come before any eviction: a write refused by one quota must not evict for the other.
-        if bucket.quota and need > bucket.quota:
-            raise errors.EntityTooLarge(f"{need} bytes exceed the bucket quota of {bucket.quota}")
-        if quota and need > quota:
-            raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
-        if bucket.quota:
-            self.evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, bucket, now, replacing)
-        if quota:
-            self.evict_within_tenant(bucket.owner, quota, now, need - credit, replacing)
-
-    def evict_within_tenant(self, tenant: str, quota: int, now: float, need: int = 0,
-                            spare: StoredObject | None = None) -> None:
-        """Evict the tenant's own LRU objects until what it holds plus ``need`` fits its quota."""
-        self.evict_lru(lambda: self.budget.tenant_usage(tenant)[1] + need <= quota, tenant, now, spare)
 
     def check_conditions(
         self, bucket: Bucket, key: str, now: float, if_none_match: bool | str, if_match: str | None
@@ -466,10 +284,10 @@ class ObjectStore:
         was_empty = not bucket.lru
         bucket.lru[obj] = None
         if was_empty:
-            self._enter_heads(bucket, obj.tick)
-        heapq.heappush(self._expiry, (obj.expires_at, next(self._seq), obj.bucket, obj.key))
+            self.eviction.enter_heads(bucket, obj.tick)
+        self.expiry.watch(obj)
         self.budget.charge(bucket.owner, obj.charge)
-        self.count[_NODE] += 1
+        self.count[NODE] += 1
         self.count[bucket.owner] = self.count.get(bucket.owner, 0) + 1
         bucket.stats.objects += 1
         bucket.stats.bytes += obj.size
@@ -484,8 +302,9 @@ class ObjectStore:
             if not old.expired(now):
                 raise errors.PreconditionFailed("a newer version is in RAM", bucket=bucket.name, key=obj.key)
             self._remove(old, "expired")
-        self._within_quotas(bucket, obj.charge, None, now)
-        self.make_room(obj.charge)
+        capacity = self.capacity
+        capacity.within_quotas(bucket, obj.charge, None, now)
+        capacity.make_room(obj.charge)
         obj.live = True
         self._insert(bucket, obj)
         for listener in self.on_store:
@@ -520,7 +339,7 @@ class ObjectStore:
             stats.bytes -= obj.size
             stats.charged -= obj.charge
             bucket.lru.pop(obj, None)
-            self.count[_NODE] -= 1
+            self.count[NODE] -= 1
             self.count[obj.tenant] -= 1
             if obj.pinned_until:
                 stats.pinned_bytes -= obj.charge
@@ -541,6 +360,10 @@ class ObjectStore:
         obj.pinned_until = 0.0
         for listener in self.on_remove:
             listener(obj, reason)
+
+    def _evict(self, victim: StoredObject) -> None:
+        """Take an eviction's victim out of RAM: down to the tier below if it takes it, else gone."""
+        self._remove(victim, "demoted" if self.lower.demote(victim) else "evicted")
 
     def lease(self, obj: StoredObject) -> Callable[[], None]:
         """Count a response sending ``obj``'s payload; call what this returns when the send has ended. An object
@@ -590,7 +413,7 @@ class ObjectStore:
         bucket.lru.move_to_end(obj)
         obj.tick = next(self._ticks)
         if bucket.sliding_ttl and now + obj.ttl > obj.expires_at:  # slide forward, never back
-            self._set_expiry(obj, now + obj.ttl)
+            self.expiry.extend(obj, now + obj.ttl)
 
     def lookup(self, tenant: str, bucket_name: str, keys: Iterable[str], *, count_misses: bool = True
                ) -> list[StoredObject | None]:
@@ -616,6 +439,7 @@ class ObjectStore:
         touch = bucket.lru.move_to_end
         ticks = self._ticks
         sliding = bucket.sliding_ttl
+        extend = self.expiry.extend
         hits = 0
         for obj in reversed(out):  # the first key the most recent: eviction takes a chain's tail before its head
             if obj is not None:
@@ -623,7 +447,7 @@ class ObjectStore:
                 touch(obj)
                 obj.tick = next(ticks)
                 if sliding and now + obj.ttl > obj.expires_at:  # slide forward, never back
-                    self._set_expiry(obj, now + obj.ttl)
+                    extend(obj, now + obj.ttl)
         stats.hits += hits
         if count_misses:
             stats.misses += len(out) - hits
@@ -690,7 +514,7 @@ class ObjectStore:
                 self.budget.pinned += obj.charge
                 bucket.stats.pinned_bytes += obj.charge
             obj.pinned_until = until
-            heapq.heappush(self._pins, (until, next(self._seq), obj.bucket, obj.key))
+            self.expiry.pin_ends(obj, until)
         return count
 
     def unpin(self, tenant: str, bucket_name: str, keys: Iterable[str]) -> int:
@@ -720,11 +544,8 @@ class ObjectStore:
             count += 1
             life = self.resolve_ttl(bucket, ttl if ttl is not None else obj.ttl)
             if now + life > obj.expires_at:
-                self._set_expiry(obj, now + life)
+                self.expiry.extend(obj, now + life)
         if elsewhere:  # below RAM: the requested (else the bucket's) TTL
             count += self.lower.touch(bucket.name, elsewhere, now + self.resolve_ttl(bucket, ttl))
         return count
 
-    def _set_expiry(self, obj: StoredObject, expires_at: float) -> None:
-        obj.expires_at = expires_at
-        heapq.heappush(self._expiry, (expires_at, next(self._seq), obj.bucket, obj.key))
