@@ -412,10 +412,11 @@ class DirectChannel:
         close_lingering(self._http)
 
     async def respond(self, status: int, headers: Sequence[tuple[str, str]], parts: Sequence[Buffer], *,
-                      head: bool, length: int) -> None:
+                      head: bool, length: int) -> bool:
         """Write a whole response: head and every body buffer in one ``writelines``; completes uvicorn's cycle
         (keep-alive, pipelined requests) as its own ``send`` does, then waits until the transport is below its
-        low-water mark. Raises RuntimeError (before writing anything) for a header uvicorn would refuse."""
+        low-water mark. Returns False when the connection's output was closed and nothing was written. Raises
+        RuntimeError (before writing anything) for a header uvicorn would refuse."""
         cycle = self._cycle
         flow = self._flow
         if flow.write_paused and not cycle.disconnected:
@@ -425,7 +426,7 @@ class DirectChannel:
             # uvicorn is told the cycle is over without an answer (it would log one missing).
             cycle.disconnected = True
             self._http.answer_dropped()
-            return
+            return False
         names = [name.lower() for name, _ in headers]
         values = [value for _, value in headers]
         if _HEADER_NAME.search("".join(names)):
@@ -463,3 +464,4 @@ class DirectChannel:
         cycle.on_response()
         while flow.write_paused and not cycle.disconnected:
             await flow.drain()
+        return True

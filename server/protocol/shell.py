@@ -86,13 +86,16 @@ async def serve(service: Service, metrics: RequestMetrics, limits: BodyLimits,
     if stalled or must_close(req):
         reply.headers.append(("connection", "close"))
     head = req.method == "HEAD"
+    status = reply.status
     try:
         if req.direct is not None:
             body = reply.body
             parts: Sequence[Buffer] = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
             length = sum(len(p) for p in parts) if reply.content_length is None else reply.content_length
-            await req.direct.respond(reply.status, reply.headers, parts, head=head, length=length)
-            sent = 0 if head else length
+            written = await req.direct.respond(reply.status, reply.headers, parts, head=head, length=length)
+            sent = 0 if head or not written else length
+            if not written:  # the client closed or half-closed the connection first: nothing was sent
+                status = CLIENT_CLOSED
         else:
             sent = await send_response(send, reply.status, reply.headers, reply.body, head=head,
                                        content_length=reply.content_length)
@@ -102,9 +105,9 @@ async def serve(service: Service, metrics: RequestMetrics, limits: BodyLimits,
         # The channel refers to uvicorn's cycle, whose scope refers to the channel: break that cycle now rather
         # than leave the request's objects (and any read-ahead buffer) to the garbage collector.
         req.scope.pop(SCOPE_KEY, None)
-    metrics.observe_request(service.api, req, reply.status, started, sent)
+    metrics.observe_request(service.api, req, status, started, sent)
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("%s %s %s -> %d in %.2f ms", service.api, req.method, req.raw_path, reply.status,
+        log.debug("%s %s %s -> %d in %.2f ms", service.api, req.method, req.raw_path, status,
                   (time.perf_counter() - started) * 1000)
 
 

@@ -45,12 +45,19 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         started.stop()
 
 
-def writes_after_close(node: Node) -> float:
+def metric(node: Node, sample: str) -> float:
+    """One sample of the node's /metrics (0 when absent), e.g. ``ctxstore_writes_after_close_total``."""
     status, body = http_request(node.port, "GET", "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert status == 200
-    match = re.search(rb"^ctxstore_writes_after_close_total (\S+)$", body, re.MULTILINE)
-    assert match is not None, "no ctxstore_writes_after_close_total in /metrics"
-    return float(match.group(1))
+    match = re.search(rb"^" + re.escape(sample.encode()) + rb" (\S+)$", body, re.MULTILINE)
+    return float(match.group(1)) if match is not None else 0.0
+
+
+def writes_after_close(node: Node) -> float:
+    return metric(node, "ctxstore_writes_after_close_total")
+
+
+PUTS_DROPPED = 'ctxstore_requests_total{api="s3",operation="PutObject",status="499"}'
 
 
 def get_request(node: Node) -> bytes:
@@ -104,7 +111,7 @@ def errors_logged(node: Node, since: int) -> list[str]:
 
 
 def test_an_answer_after_the_clients_half_close_is_dropped_and_counted(node: Node) -> None:
-    start, before = log_size(node), writes_after_close(node)
+    start, before, unanswered = log_size(node), writes_after_close(node), metric(node, PUTS_DROPPED)
     answered = 0
     for i in range(TRIES):
         received = put_in_two_parts(node, f"half-{i}", b"y" * 200_000)
@@ -112,6 +119,7 @@ def test_an_answer_after_the_clients_half_close_is_dropped_and_counted(node: Nod
         answered += bool(received)
     assert answered < TRIES, "every answer came before the half-close: nothing was tested"
     assert wait_until(lambda: writes_after_close(node) == before + TRIES - answered)
+    assert metric(node, PUTS_DROPPED) == unanswered + TRIES - answered  # observed as "client went away"
     assert errors_logged(node, start) == []
     assert_still_serving(node)
 
