@@ -370,6 +370,10 @@ class Pool:
         self.server_hostname = server_hostname or host
         self._idle: list[Connection] = []
         self._slots = asyncio.Semaphore(limit)
+        # close() drops every connection, those in use included: one that comes back from a request begun
+        # before it is closed, not kept (nothing may hold a transport the owner believes gone, e.g. a lane's
+        # loop that is about to close). The pool stays usable: later requests open new connections.
+        self._generation = 0
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
@@ -397,6 +401,7 @@ class Pool:
                     break
             else:
                 conn = await self._connect()
+            generation = self._generation
             reused = conn.used
             try:
                 response = await conn.request(head, body, factory)
@@ -416,13 +421,15 @@ class Pool:
             except BaseException:  # cancelled (a caller's deadline) or a protocol error: never reuse or leak
                 conn.close()
                 raise
-            if conn.reusable:
+            if conn.reusable and generation == self._generation:
                 self._idle.append(conn)
             else:
                 conn.close()
             return response
 
     def close(self) -> None:
+        """Close every connection: the idle ones now, those in use when their request ends."""
+        self._generation += 1
         for conn in self._idle:
             conn.close()
         self._idle.clear()
