@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client
 
 if importlib.util.find_spec("lmcache") is None or importlib.util.find_spec("torch") is None:
     pytest.skip("lmcache (and torch) not installed: scripts/test installs them", allow_module_level=True)

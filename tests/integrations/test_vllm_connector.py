@@ -40,7 +40,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from conftest import ACCESS_KEY, SECRET_KEY, Node, make_client
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, make_client
 from support.nodes import serving
 from support.probes import Admin, start_probed_node
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 
 import pytest
-from conftest import ACCESS_KEY, SECRET_KEY, Node
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node
 
 torch = pytest.importorskip("torch")
 
