@@ -1,0 +1,91 @@
+"""ctxstore as a secondary tier of vLLM's own KV offloading (``ctxstore.integrations.vllm.tier``), against a real
+2-node pod.
+
+vLLM's ``TieringOffloadingSpec`` refuses CPU workers, so no engine runs: one child process in the vLLM venv
+(tests/integrations/vllm_tier_driver.py; this process never imports vLLM) makes the tier with vLLM's own
+``SecondaryTierFactory`` from the out-of-tree config (``{"type": "CtxStoreTier", "module_path": ...}``), over a
+``memoryview`` primary tier, on a real ``OffloadingSpec``, and drives it as vLLM's tiering manager does: lookups
+flushed at each step's end, synthetic ``TransferJob``\\ s, ``get_finished_jobs`` polled per step. It runs every
+case once (vLLM's import costs seconds); the tests below check its report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ACCESS_KEY, SECRET_KEY, Node
+from support.nodes import serving, start_node
+from test_vllm_connector import VLLM_PYTHON
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(300)]
+
+DRIVER = Path(__file__).resolve().parent / "vllm_tier_driver.py"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("tier-pod")
+    with serving([start_node(tmp, "--memory", "128MiB", "--default-ttl", "1h", wait=False)
+                  for _ in range(2)]) as nodes:
+        hung: Node = nodes[1]
+        env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+               "PYTHONWARNINGS": "ignore", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        try:
+            out = subprocess.run([str(VLLM_PYTHON), str(DRIVER), ",".join(n.endpoint for n in nodes),
+                                  "tier-" + secrets.token_hex(4), "--hang-pid", str(hung.proc.pid)],
+                                 capture_output=True, text=True, timeout=240, env=env)
+        finally:
+            os.kill(hung.proc.pid, signal.SIGCONT)
+        assert out.returncode == 0, out.stderr[-4000:]
+        yield json.loads(next(line for line in out.stdout.splitlines() if line.startswith("REPORT "))[7:])
+
+
+def test_vllm_loads_the_tier_out_of_tree_and_namespaces_it(report: dict[str, Any]) -> None:
+    assert report["tier_class"] == "ctxstore.integrations.vllm.tier.CtxStoreTier"
+    assert report["same_namespace"]  # two vLLMs of one model find each other's chunks
+    assert report["other_model_namespace_differs"]
+
+
+def test_chunks_round_trip_byte_exact_between_two_primaries(report: dict[str, Any]) -> None:
+    assert report["submit_store_s"] < 0.05 and report["submit_load_s"] < 0.05  # the scheduler does not wait
+    assert report["store"]["success"] is True
+    assert report["store"]["events"] == [[8, False, "STORAGE"]]  # the pod's "stored", as a vLLM KV event
+    assert report["lookup"]["answers"] == ["HIT"] * 8
+    assert report["lookup"]["steps"] >= 1  # answered from the batch flushed at a step's end
+    assert report["load"] == {"success": True, "bytes": 8 * (64 << 10), "exact": True, "rest_untouched": True}
+
+
+def test_a_load_with_missing_chunks_fails_and_names_the_chunks_that_arrived(report: dict[str, Any]) -> None:
+    assert report["absent_lookup"] == ["MISS"] * 3
+    partial = report["partial_load"]
+    assert partial["success"] is False and partial["successful_keys"] == [0, 1]
+    assert partial["events"] == [[1, True]]
+    assert partial["absent_after"] == "MISS"  # mark_miss: vLLM does not retry the doomed chunk
+
+
+def test_a_stored_copy_that_is_not_whole_fails_and_is_replaced(report: dict[str, Any]) -> None:
+    short = report["short_copy"]
+    assert short["success"] is False
+    assert short["size_after"] < 0  # deleted (wire.ABSENT), so the next store is not "already there"
+    assert short["restored_store"] is True and short["reload"] is True and short["exact"] is True
+
+
+def test_a_hung_node_costs_a_miss_within_the_deadline_and_drain_waits(report: dict[str, Any]) -> None:
+    assert report["hang_store_before"] is True
+    hang = report["hang_lookup"]
+    assert hang["answers"] == ["MISS"]  # never an unbounded RETRY
+    assert hang["seconds"] < hang["deadline"] + 0.25, hang
+    load = report["hang_load"]
+    assert load["reported_after_drain"] and load["success"] is False  # a failed job, reported
+    assert load["drain_s"] < 2.0 + 1.5 and not load["pending_after"]
+    assert report["hang_second_lookup"]["answers"] == ["MISS"]
+    assert report["hang_second_lookup"]["seconds"] < hang["deadline"] + 0.25
+    assert report["stats"].get("vllm:kv_offload_ctxstore_lookup_deadline_misses", 0) >= 1

@@ -1,0 +1,240 @@
+"""The ctxstore secondary tier driven directly, for tests/integrations/test_vllm_tier.py; run by the vLLM venv's
+python (vLLM's tiering spec refuses CPU workers, so no engine is started: the tier is made by vLLM's own
+``SecondaryTierFactory`` from its out-of-tree config, over a ``memoryview`` primary, with a real
+``OffloadingSpec`` of a real ``OffloadingConfig``, and fed synthetic ``TransferJob``\\ s as vLLM's
+``TieringOffloadingManager`` would).
+
+``python vllm_tier_driver.py NODES BUCKET --hang-pid PID``
+    Runs every case against the pod at NODES (comma-separated), SIGSTOPs PID (one of the nodes) for the hang
+    case and SIGCONTs it after; prints ``REPORT {json}``: per case what was observed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import numpy as np
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    OffloadingSpec,
+    ReqContext,
+    ScheduleEndContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.config import (
+    OffloadingCacheConfig,
+    OffloadingConfig,
+    OffloadingGroupConfig,
+    OffloadingModelConfig,
+    OffloadingParallelConfig,
+)
+from vllm.v1.kv_offload.tiering.base import SecondaryTierManager, TransferJob
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+CHUNK = 64 << 10
+N_CHUNKS = 16
+STEP = 0.005  # seconds between scheduler steps
+
+
+class Spec(OffloadingSpec):
+    """vLLM's OffloadingSpec over a real OffloadingConfig (its manager and worker are vLLM's, not needed here)."""
+
+    def get_manager(self) -> Any:
+        raise NotImplementedError
+
+    def get_worker(self, kv_caches: Any) -> Any:
+        raise NotImplementedError
+
+
+def make_spec(model: str = "ctxstore-test/tier") -> Spec:
+    config = OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layer.0", "layer.1"), group_id=0),),
+        worker_kv_bytes_per_block=CHUNK, enable_kv_cache_events=True, extra_config={}, engine_id="driver",
+        model=OffloadingModelConfig(name=model, dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
+                                          data_parallel_index=0, data_parallel_size=1,
+                                          data_parallel_rank_local=None, is_parallelism_agnostic=True))
+    return Spec(config)
+
+
+def make_primary(seed: int | None) -> tuple[bytearray, memoryview]:
+    """A primary tier as vLLM's: a (chunks, chunk bytes) view over one buffer; random rows, or zeros."""
+    raw = bytearray(random.Random(seed).randbytes(N_CHUNKS * CHUNK) if seed is not None else N_CHUNKS * CHUNK)
+    return raw, memoryview(raw).cast("B", (N_CHUNKS, CHUNK))
+
+
+def make_tier(nodes: str, bucket: str, primary: memoryview, **options: Any) -> SecondaryTierManager:
+    config = {"type": "CtxStoreTier", "module_path": "ctxstore.integrations.vllm.tier", "nodes": nodes,
+              "bucket": bucket, "enable_kv_events": True, "connect_timeout": 0.5, "read_timeout": 1.0,
+              "call_timeout": 2.0, **options}
+    return SecondaryTierFactory.create_secondary_tier(config, primary, make_spec())
+
+
+def keys_of(tag: str, n: int) -> list[Any]:
+    return [make_offload_key(f"{tag}-{i}".encode().ljust(32, b"."), 0) for i in range(n)]
+
+
+def resolve(tier: SecondaryTierManager, keys: list[Any], req: ReqContext, limit: float = 10.0,
+            also: tuple[list[Any], ReqContext] | None = None) -> tuple[list[str], float, int]:
+    """Scheduler steps until no key says RETRY: the answers, the seconds it took, and the steps. ``also``: a
+    second request's keys, looked up in the same steps (its answers follow the first one's)."""
+    started, steps = time.monotonic(), 0
+    while True:
+        answers = [tier.lookup(k, req) for k in keys]
+        if also is not None:
+            answers += [tier.lookup(k, also[1]) for k in also[0]]
+        if LookupResult.RETRY not in answers or time.monotonic() - started > limit:
+            return [a.name for a in answers], time.monotonic() - started, steps
+        tier.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+        steps += 1
+        time.sleep(STEP)
+
+
+def finish(tier: SecondaryTierManager, job_ids: set[int], limit: float = 10.0) -> dict[int, Any]:
+    """Poll get_finished_jobs, as the scheduler does each step, until those jobs reported."""
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + limit
+    while not job_ids <= set(results) and time.monotonic() < deadline:
+        for r in tier.get_finished_jobs():
+            results[r.job_id] = r
+        time.sleep(STEP)
+    return results
+
+
+def job(job_id: int, keys: list[Any], chunks: list[int], req: ReqContext, *, load: bool) -> TransferJob:
+    return TransferJob(job_id=job_id, keys=keys, chunk_ids=np.array(chunks, dtype=np.int64), is_promotion=load,
+                       req_context=req)
+
+
+def rows(raw: bytearray, chunks: list[int]) -> list[bytes]:
+    return [bytes(raw[c * CHUNK:(c + 1) * CHUNK]) for c in chunks]
+
+
+def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    raw_a, primary_a = make_primary(1)
+    raw_b, primary_b = make_primary(None)
+    a = make_tier(nodes, bucket, primary_a)
+    b = make_tier(nodes, bucket, primary_b)  # another vLLM: its own primary, the same pod
+    report["tier_class"] = type(a).__module__ + "." + type(a).__name__
+    report["same_namespace"] = a.keyspace.namespace() == b.keyspace.namespace()  # type: ignore[attr-defined]
+    other = SecondaryTierFactory.create_secondary_tier(
+        {"type": "CtxStoreTier", "module_path": "ctxstore.integrations.vllm.tier", "nodes": nodes,
+         "bucket": bucket}, make_primary(None)[1], make_spec("another/model"))
+    report["other_model_namespace_differs"] = (
+        other.keyspace.namespace() != a.keyspace.namespace())  # type: ignore[attr-defined]
+    other.shutdown()
+    req = ReqContext(req_id="r1")
+
+    # Round trip: A stores 8 chunks; B finds them by lookup and loads them into other rows, byte for byte.
+    keys = keys_of("prefix", 8)
+    src, dst = [1, 3, 5, 7, 9, 11, 13, 15], [0, 2, 4, 6, 8, 10, 12, 14]
+    t0 = time.monotonic()
+    a.submit_store(job(1, keys, src, req, load=False))
+    report["submit_store_s"] = time.monotonic() - t0
+    stored = finish(a, {1})
+    report["store"] = {"success": stored[1].success if 1 in stored else None,
+                       "events": [(len(e.keys), e.removed, e.medium.name) for e in a.take_events()]}
+    answers, took, steps = resolve(b, keys, req)
+    report["lookup"] = {"answers": answers, "seconds": took, "steps": steps}
+    t0 = time.monotonic()
+    b.submit_load(job(2, keys, dst, req, load=True))
+    report["submit_load_s"] = time.monotonic() - t0
+    loaded = finish(b, {2})
+    before = bytes(raw_b)
+    report["load"] = {"success": loaded[2].success if 2 in loaded else None,
+                      "bytes": loaded[2].transfer_bytes if 2 in loaded else None,
+                      "exact": rows(raw_b, dst) == rows(raw_a, src),
+                      "rest_untouched": all(before[c * CHUNK:(c + 1) * CHUNK] == bytes(CHUNK)
+                                            for c in range(N_CHUNKS) if c not in dst)}
+    b.on_request_finished(req)
+
+    # Absent keys are misses; a load of present and absent chunks fails, naming the ones that arrived, and
+    # the absent ones become misses for the request (mark_miss).
+    req2 = ReqContext(req_id="r2")
+    absent = keys_of("absent", 3)
+    answers, took, _ = resolve(b, absent, req2)
+    report["absent_lookup"] = answers
+    mixed = keys[:2] + absent[:1]
+    b.submit_load(job(3, mixed, [1, 3, 5], req2, load=True))
+    got = finish(b, {3}).get(3)
+    report["partial_load"] = {
+        "success": got.success if got else None,
+        "successful_keys": sorted(mixed.index(k) for k in (got.successful_keys or ())) if got else None,
+        "events": [(len(e.keys), e.removed) for e in b.take_events()],
+        "absent_after": b.lookup(absent[0], req2).name}
+    b.on_request_finished(req2)
+
+    # A stored copy that is not whole (a short object under the chunk's key): a failed load, and the copy is
+    # deleted, so the chunk vLLM recomputes and stores again replaces it.
+    from ctxstore import ContextStore
+
+    bad = keys_of("short", 1)
+    with ContextStore(nodes, threads=1) as store:
+        store.put_keys(bucket, [b.object_key(bad[0])], [memoryview(b"x" * (CHUNK // 2))])  # type: ignore[attr-defined]
+        b.submit_load(job(4, bad, [0], ReqContext(req_id="r3"), load=True))
+        got = finish(b, {4}).get(4)
+        left = store.lookup_keys(bucket, [b.object_key(bad[0])])[0]  # type: ignore[attr-defined]
+        a.submit_store(job(5, bad, [0], ReqContext(req_id="r3"), load=False))
+        restored = finish(a, {5}).get(5)
+        b.submit_load(job(6, bad, [2], ReqContext(req_id="r3"), load=True))
+        again = finish(b, {6}).get(6)
+    report["short_copy"] = {"success": got.success if got else None, "size_after": left,
+                            "restored_store": restored.success if restored else None,
+                            "reload": again.success if again else None,
+                            "exact": rows(raw_b, [2]) == rows(raw_a, [0])}
+
+    # A hung node (SIGSTOP): lookups of keys on it answer MISS once the deadline passed (RETRY until then,
+    # never longer); a load from it fails within the call timeout; drain_jobs waits for it.
+    c = make_tier(nodes, bucket, make_primary(None)[1], lookup_deadline=0.3)
+    fresh = keys_of("hang", 32)
+    a.submit_store(job(7, fresh, list(range(16)) * 2, req, load=False))
+    report["hang_store_before"] = finish(a, {7})[7].success
+    a.take_events()
+    req4 = ReqContext(req_id="r4")
+    os.kill(hang_pid, signal.SIGSTOP)
+    try:
+        # Two requests in one step: vLLM's lookup thread takes their batches one after the other, so the
+        # second waits behind the first: the tier's own deadline answers it.
+        answers, took, steps = resolve(c, fresh[:16], req4, also=(fresh[16:], ReqContext(req_id="r4b")))
+        report["hang_lookup"] = {"answers": sorted(set(answers)), "seconds": took, "steps": steps,
+                                 "deadline": 0.3}
+        c.submit_load(job(8, fresh[:16], list(range(16)), req4, load=True))
+        t0 = time.monotonic()
+        c.drain_jobs()
+        drained = time.monotonic() - t0
+        results = {r.job_id: r for r in c.get_finished_jobs()}
+        report["hang_load"] = {"drain_s": drained, "reported_after_drain": 8 in results,
+                               "success": results[8].success if 8 in results else None,
+                               "pending_after": c.has_pending_work()}
+        t0 = time.monotonic()
+        later = keys_of("hang-later", 8)
+        answers, took, _ = resolve(c, later, ReqContext(req_id="r5"))
+        report["hang_second_lookup"] = {"answers": sorted(set(answers)), "seconds": took}
+    finally:
+        os.kill(hang_pid, signal.SIGCONT)
+    stats = c.get_stats()
+    report["stats"] = stats.reduce() if stats is not None else {}
+    for tier in (a, b, c):
+        tier.shutdown()
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("nodes")
+    parser.add_argument("bucket")
+    parser.add_argument("--hang-pid", type=int, required=True)
+    args = parser.parse_args()
+    print("REPORT " + json.dumps(run(args.nodes, args.bucket, args.hang_pid)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
