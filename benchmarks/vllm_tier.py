@@ -201,8 +201,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             child.stdin.flush()
             results[phase] = json.loads(expect("RESULT "))
             print(json.dumps(results[phase]), flush=True)
-        stats = node.stats()
-        results["node_requests"] = {k: v for k, v in stats.items() if k in ("requests", "bulk_calls")}
         results["config"] = {"rounds": args.rounds, "keys": args.keys, "load_tasks": args.load_tasks,
                              "chunk_bytes": CHUNK, "step_s": STEP, "loadavg_start": os.getloadavg()}
         return results
