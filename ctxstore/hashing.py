@@ -24,8 +24,7 @@ Four schemes (see ``docs/hashing.md`` for exact definitions and sources):
     ``NONE_HASH``. Keys are 64 lowercase hex characters.
 ``sglang-sha256``
     SGLang HiCache's ``get_hash_str`` chain: ``SHA-256(parent digest ‖ le_u32(tokens))``.
-    Keys are 64 lowercase hex characters. A request's namespace (SGLang's ``extra_key`` and ``cache_salt``)
-    seeds a new chain: :func:`sglang_namespace_seed`.
+    Keys are 64 lowercase hex characters.
 
 Keys of different deployments must never mix: derive the ``seed`` from a
 :class:`Fingerprint` (model, revision, KV dtype/layout, block size, parallel
@@ -57,9 +56,9 @@ __all__ = [
     "Fingerprint",
     "Seed",
     "block_hashes",
+    "digest_seed",
     "dynamo_salt_hash",
     "namespace_seed",
-    "sglang_namespace_seed",
 ]
 
 SCHEMES = ("xxh3-128", "dynamo", "vllm-sha256-cbor", "sglang-sha256")
@@ -437,31 +436,19 @@ def namespace_seed(fp: Fingerprint, scheme: str) -> bytes | int:
     Salted keys of the external schemes no longer equal the engines' own
     (unsalted) keys, but each stays a pure function of the fingerprint and tokens.
     """
-    if scheme == "xxh3-128" or scheme == "sglang-sha256":
-        return fp.digest()
-    if scheme == "dynamo":
-        return dynamo_salt_hash(cache_namespace=fp.hexdigest())
-    if scheme == "vllm-sha256-cbor":
-        return _vllm_none_hash(fp.hexdigest())
-    raise ValueError(f"unknown hashing scheme {scheme!r}; expected one of {SCHEMES}")
+    return digest_seed(fp.digest(), scheme)
 
 
-def sglang_namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) -> str | None:
-    """The ``sglang-sha256`` seed SGLang (0.5.23) gives a new chain of a request: ``storage_namespace_seed``.
+def digest_seed(digest: bytes, scheme: str) -> bytes | int:
+    """:func:`namespace_seed` of the fingerprint whose :meth:`Fingerprint.digest` is ``digest``.
 
-    ``SHA-256("sglang-cache-namespace-v1" ‖ part(extra_key) ‖ part(cache_salt))`` as 64 hex characters, where
-    ``part(None) = 0x00`` and ``part(s) = 0x01 ‖ le_u64(len(utf8(s))) ‖ utf8(s)``; None when both are None (the
-    unnamespaced chain). ``block_hashes(tokens, page_size, "sglang-sha256", seed=sglang_namespace_seed(...))``
-    are then SGLang's HiCache storage keys of those tokens, so two tenants' (``cache_salt``) chains never share a
-    key. Source: ``python/sglang/srt/mem_cache/utils.py``, ``storage_namespace_seed``.
+    The seed depends on a fingerprint through its digest alone, so a node can hash a namespace's tokens
+    knowing only the digest (the query op: never the tenant salt, nor the rest of the fingerprint).
     """
-    if extra_key is None and cache_salt is None:
-        return None
-    digest = hashlib.sha256(b"sglang-cache-namespace-v1")
-    for part in (extra_key, cache_salt):
-        if part is None:
-            digest.update(b"\x00")
-            continue
-        encoded = part.encode("utf-8")
-        digest.update(b"\x01" + len(encoded).to_bytes(8, "little") + encoded)
-    return digest.hexdigest()
+    if scheme == "xxh3-128" or scheme == "sglang-sha256":
+        return bytes(digest)
+    if scheme == "dynamo":
+        return dynamo_salt_hash(cache_namespace=digest.hex())
+    if scheme == "vllm-sha256-cbor":
+        return _vllm_none_hash(digest.hex())
+    raise ValueError(f"unknown hashing scheme {scheme!r}; expected one of {SCHEMES}")

@@ -27,6 +27,11 @@ unpin      ``{v, keys: [str]}``                                                 
 delete     ``{v, keys: [str]}``                                                    none
 prefetch   ``{v, keys: [str]}`` — promote these blocks from the flash tier into    none
            RAM in the background (a restore of them follows)
+query      ``{v, keys: [str]}``, ``{v, hashes: [u64]}`` (keys ``%016x``: Dynamo's    none
+           sequence hashes) or ``{v, tokens: [u32], block_size: int, scheme: str,
+           fingerprint: str}`` (the node cuts and hashes the tokens as the client
+           does: :func:`query_keys`) — which of these blocks the node holds, per
+           tier, for a router; not counted as reads
 =========  ======================================================================  ==========
 
 Responses (status 200):
@@ -44,6 +49,10 @@ touch/pin  ``{v, count: int}`` — keys that were live (prefetch: blocks it will
 /unpin/    from flash; it answers at once)
 delete/
 prefetch
+query      ``{v, prefix: int, ram: int, disk: int, tiers: [int]}`` — ``tiers`` as      none
+           lookup's, one per block asked; ``prefix``: leading blocks held in either
+           tier, ``ram``: leading blocks held in RAM, ``disk``: blocks of the prefix
+           on the flash tier (:func:`query_summary`)
 =========  ======================================================================  ==========
 
 Errors: a non-200 status with head ``{v, error: <code>, message: str}``; codes are listed in
@@ -61,11 +70,12 @@ from typing import Any
 import msgpack
 
 from .buckets import path_segment
+from .hashing import DEFAULT_SCHEME, SCHEMES, block_hashes, digest_seed
 
 VERSION = 1
 PREFIX = "/_ctx/v1/bulk"
 CONTENT_TYPE = "application/vnd.msgpack"  # of every bulk request and response body
-OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete", "prefetch")
+OPS = ("lookup", "get", "put", "touch", "pin", "unpin", "delete", "prefetch", "query")
 # Where a block lives, as lookup answers it: absent, RAM, or the flash tier.
 TIER_ABSENT, TIER_RAM, TIER_DISK = 0, 1, 2
 TIER_NAMES = {TIER_RAM: "ram", TIER_DISK: "disk"}
@@ -81,6 +91,9 @@ FEATURES = FEATURE_PUT_TRAILER
 MAX_HEAD_BYTES = 16 << 20  # a head bigger than this is malformed whatever the key limits say
 ABSENT = -1
 MAX_KEY_BYTES = 1024
+# A query's bounds: the tokens of one prompt (1 Mi tokens: a head of at most 5 MiB) and tokens per block.
+QUERY_MAX_TOKENS = 1 << 20
+QUERY_MAX_BLOCK_SIZE = 1 << 16
 
 # Error code -> HTTP status. The client maps codes onto its exception tree from this same table.
 ERROR_STATUS: dict[str, int] = {
@@ -143,18 +156,21 @@ _REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "put": ("keys", "sizes", "xxh3", "trailer", "ttl", "if_absent"),
     "touch": ("keys", "ttl"), "pin": ("keys", "seconds"), "unpin": ("keys",), "delete": ("keys",),
     "prefetch": ("keys",),
+    "query": ("keys", "hashes", "tokens", "block_size", "scheme", "fingerprint"),
 }
 _ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
     "lookup": ("prefix", "sizes", "tiers"), "get": ("sizes", "xxh3", "expires"), "put": ("results", "errors"),
-    "count": ("count",), "error": ("error", "message"),
+    "count": ("count",), "error": ("error", "message"), "query": ("prefix", "ram", "disk", "tiers"),
 }
 MAX_MESSAGE_BYTES = 64 << 10  # of an error message or a rejected block's reason
 
 
 def request_schema(op: str, max_keys: int) -> HeadSchema:
-    """The head of a request of ``op`` on a node that takes at most ``max_keys`` keys per call."""
-    return HeadSchema(frozenset(("v", *_REQUEST_FIELDS[op])), max_keys + 1,
-                      counted=frozenset(("keys", "sizes", "xxh3")))
+    """The head of a request of ``op`` on a node that takes at most ``max_keys`` keys per call (a query's
+    tokens: up to :data:`QUERY_MAX_TOKENS`, its blocks are counted against ``max_keys`` once cut)."""
+    items = max(max_keys, QUERY_MAX_TOKENS) if op == "query" else max_keys
+    return HeadSchema(frozenset(("v", *_REQUEST_FIELDS[op])), items + 1,
+                      counted=frozenset(("keys", "sizes", "xxh3", "hashes", "tokens")))
 
 
 def answer_schema(kind: str, n_keys: int) -> HeadSchema:
@@ -468,3 +484,112 @@ def prefix_length(sizes: Sequence[int]) -> int:
         if size == ABSENT:
             return i
     return len(sizes)
+
+
+# ---------------------------------------------------------------------------- the query op
+
+
+@dataclass
+class QueryRequest:
+    """Which blocks a query asks about, in prompt order: ``keys`` as stored, ``hashes`` (u64: the keys
+    ``%016x``, as Dynamo's sequence hashes are), or ``tokens`` cut into blocks of ``block_size`` and hashed
+    with ``scheme`` under the namespace whose :meth:`~ctxstore.hashing.Fingerprint.hexdigest` is
+    ``fingerprint`` ("" for the scheme's unsalted keys): exactly one of the three."""
+
+    keys: list[str] | None = None
+    hashes: list[int] | None = None
+    tokens: Sequence[int] | None = None
+    block_size: int = 0  # with tokens
+    scheme: str = DEFAULT_SCHEME  # with tokens
+    fingerprint: str = ""  # with tokens
+
+
+@dataclass
+class QueryResponse:
+    prefix: int  # leading blocks held in either tier
+    ram: int  # leading blocks held in RAM
+    disk: int  # blocks of the prefix held on the flash tier
+    tiers: list[int]  # TIER_* per block asked
+
+
+def encode_query_request(req: QueryRequest) -> bytes:
+    if req.tokens is not None:
+        tokens = req.tokens.tolist() if hasattr(req.tokens, "tolist") else list(req.tokens)  # numpy, array
+        return pack_head({"tokens": tokens, "block_size": req.block_size, "scheme": req.scheme,
+                          "fingerprint": req.fingerprint})
+    if req.hashes is not None:
+        return pack_head({"hashes": req.hashes})
+    return pack_head({"keys": req.keys if req.keys is not None else []})
+
+
+def decode_query_request(head: dict[str, Any], max_keys: int) -> QueryRequest:
+    given = [name for name in ("keys", "hashes", "tokens") if name in head]
+    if len(given) != 1:
+        raise WireError("a query names its blocks by exactly one of 'keys', 'hashes' or 'tokens'", "InvalidArgument")
+    if given != ["tokens"]:
+        extra = [name for name in ("block_size", "scheme", "fingerprint") if name in head]
+        if extra:
+            raise WireError(f"'{extra[0]}' goes with 'tokens' only", "InvalidArgument")
+    if "keys" in head:
+        return QueryRequest(keys=_keys(head, max_keys))
+    if "hashes" in head:
+        hashes = head["hashes"]
+        if not isinstance(hashes, list):
+            raise WireError("'hashes' must be a list of integers")
+        if len(hashes) > max_keys:
+            raise WireError(f"{len(hashes)} hashes exceed the limit of {max_keys} blocks per query", "TooManyKeys")
+        return QueryRequest(hashes=_ints(head, "hashes", len(hashes), 0, (1 << 64) - 1))
+    block_size = head.get("block_size")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 < block_size <= QUERY_MAX_BLOCK_SIZE:
+        raise WireError(f"'block_size' must be an integer in [1, {QUERY_MAX_BLOCK_SIZE}]", "InvalidArgument")
+    scheme = head.get("scheme", DEFAULT_SCHEME)
+    if scheme not in SCHEMES:
+        raise WireError(f"'scheme' must be one of {', '.join(SCHEMES)}", "InvalidArgument")
+    fingerprint = head.get("fingerprint", "")
+    if not isinstance(fingerprint, str) or fingerprint and (
+            len(fingerprint) != 32 or fingerprint.strip("0123456789abcdef")):
+        raise WireError("'fingerprint' must be a namespace's fingerprint as 32 lowercase hex digits, or empty",
+                        "InvalidArgument")
+    tokens = head["tokens"]
+    if not isinstance(tokens, list):
+        raise WireError("'tokens' must be a list of token ids")
+    if len(tokens) // block_size > max_keys:
+        raise WireError(f"{len(tokens) // block_size} blocks exceed the limit of {max_keys} blocks per query",
+                        "TooManyKeys")
+    return QueryRequest(tokens=tokens, block_size=block_size, scheme=scheme, fingerprint=fingerprint)
+
+
+def query_keys(req: QueryRequest) -> list[str]:
+    """The keys a query asks about, in prompt order; its tokens are hashed exactly as a client's namespace with
+    that fingerprint hashes them (a trailing partial block has no key). A token id out of range is
+    InvalidArgument."""
+    if req.keys is not None:
+        return req.keys
+    if req.hashes is not None:
+        return [f"{h:016x}" for h in req.hashes]
+    seed = digest_seed(bytes.fromhex(req.fingerprint), req.scheme) if req.fingerprint else None
+    try:
+        return block_hashes(req.tokens or [], req.block_size, req.scheme, seed)
+    except (TypeError, ValueError):
+        raise WireError("'tokens' must be integers with 0 <= t < 2**32", "InvalidArgument") from None
+
+
+def query_summary(tiers: Sequence[int]) -> QueryResponse:
+    """The answer to a query whose blocks are in ``tiers`` (TIER_* each, in prompt order)."""
+    prefix = next((i for i, t in enumerate(tiers) if t == TIER_ABSENT), len(tiers))
+    ram = next((i for i, t in enumerate(tiers) if t != TIER_RAM), len(tiers))
+    disk = sum(1 for t in tiers[:prefix] if t == TIER_DISK)
+    return QueryResponse(prefix, ram, disk, list(tiers))
+
+
+def encode_query_response(r: QueryResponse) -> bytes:
+    return pack_head({"prefix": r.prefix, "ram": r.ram, "disk": r.disk, "tiers": r.tiers})
+
+
+def decode_query_response(head: dict[str, Any], n_keys: int) -> QueryResponse:
+    tiers = _ints(head, "tiers", n_keys, TIER_ABSENT, TIER_DISK)
+    summary = query_summary(tiers)
+    if (_count(head, "prefix", n_keys), _count(head, "ram", n_keys), _count(head, "disk", n_keys)) != (
+            summary.prefix, summary.ram, summary.disk):
+        raise WireError("'prefix', 'ram' and 'disk' disagree with 'tiers'")
+    return summary

@@ -20,6 +20,7 @@ from . import ops
 from .call import BulkCall
 from .errors import BulkError, as_bulk_error
 from .put import put
+from .query import query
 
 log = logging.getLogger("ctxstore.bulk")
 
@@ -28,6 +29,7 @@ OPERATIONS: dict[str, Operation] = {
     "lookup": ops.lookup, "get": ops.get, "put": put, "touch": ops.touch, "pin": ops.pin, "unpin": ops.unpin,
     "prefetch": ops.prefetch,
     "delete": ops.delete,
+    "query": query,
 }
 if set(OPERATIONS) != set(wire.OPS):
     raise RuntimeError(f"bulk ops without a handler: {sorted(set(wire.OPS) - set(OPERATIONS))}")

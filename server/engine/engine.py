@@ -270,6 +270,11 @@ class Engine:
         """Per key, whether either tier holds a live object there (not counted as a read)."""
         return self.reads.existing(self.store.bucket(tenant, bucket_name), keys)
 
+    def tiers(self, tenant: str, bucket_name: str, keys: list[str]) -> list[str | None]:
+        """Per key the tier holding a live object there (``ram``, ``disk``) or None; not counted as a read (see
+        :meth:`.reads.TierReads.tiers`)."""
+        return self.reads.tiers(self.store.bucket(tenant, bucket_name), keys)
+
     def get(self, tenant: str, bucket_name: str, key: str, *, record: bool = True) -> StoredObject:
         """The live object at ``key``; ``record`` counts a hit/miss, refreshes LRU and slides the TTL."""
         return self.store.get(tenant, bucket_name, key, record=record)

@@ -30,13 +30,19 @@ class TierReads:
 
     def existing(self, bucket: Bucket, keys: list[str]) -> list[bool]:
         """Per key, whether either tier holds a live object there (not counted as a read)."""
+        return [where is not None for where in self.tiers(bucket, keys)]
+
+    def tiers(self, bucket: Bucket, keys: list[str]) -> list[str | None]:
+        """Per key the tier holding a live object there (``ram``, ``disk``) or None. Not counted as a read: no
+        hit or miss, no LRU touch, no TTL slide (a router asking what the node holds is not a restore). No I/O."""
         ram = self.store.lookup_in(bucket, keys, record=False, count_misses=False)
-        found = [obj is not None for obj in ram]
+        found: list[str | None] = [None if obj is None else RAM for obj in ram]
         if not self.tier.may_hold(bucket.name):
             return found
         absent = [i for i, obj in enumerate(ram) if obj is None]
         for i, size in zip(absent, self.tier.sizes(bucket.name, [keys[i] for i in absent]), strict=True):
-            found[i] = size is not None
+            if size is not None:
+                found[i] = DISK
         return found
 
     def locate(self, bucket: Bucket, keys: list[str]) -> tuple[list[int], list[str | None] | None]:

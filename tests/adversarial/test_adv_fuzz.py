@@ -479,6 +479,8 @@ def decodes(op: str, reply: RawResponse) -> bool:
             wire.decode_get_head(head, n_keys)
         elif op == "put":
             wire.decode_put_response(head, n_keys)
+        elif op == "query":
+            wire.decode_query_response(head, len(head.get("tiers") or []))
         else:
             wire.decode_count_response(head)
     except wire.WireError:
