@@ -24,7 +24,8 @@ Four schemes (see ``docs/hashing.md`` for exact definitions and sources):
     ``NONE_HASH``. Keys are 64 lowercase hex characters.
 ``sglang-sha256``
     SGLang HiCache's ``get_hash_str`` chain: ``SHA-256(parent digest ‖ le_u32(tokens))``.
-    Keys are 64 lowercase hex characters.
+    Keys are 64 lowercase hex characters. A request's namespace (SGLang's ``extra_key`` and ``cache_salt``)
+    seeds a new chain: :func:`sglang_namespace_seed`.
 
 Keys of different deployments must never mix: derive the ``seed`` from a
 :class:`Fingerprint` (model, revision, KV dtype/layout, block size, parallel
@@ -59,6 +60,7 @@ __all__ = [
     "digest_seed",
     "dynamo_salt_hash",
     "namespace_seed",
+    "sglang_namespace_seed",
 ]
 
 SCHEMES = ("xxh3-128", "dynamo", "vllm-sha256-cbor", "sglang-sha256")
@@ -452,3 +454,24 @@ def digest_seed(digest: bytes, scheme: str) -> bytes | int:
     if scheme == "vllm-sha256-cbor":
         return _vllm_none_hash(digest.hex())
     raise ValueError(f"unknown hashing scheme {scheme!r}; expected one of {SCHEMES}")
+
+
+def sglang_namespace_seed(extra_key: str | None = None, cache_salt: str | None = None) -> str | None:
+    """The ``sglang-sha256`` seed SGLang (0.5.23) gives a new chain of a request: ``storage_namespace_seed``.
+
+    ``SHA-256("sglang-cache-namespace-v1" ‖ part(extra_key) ‖ part(cache_salt))`` as 64 hex characters, where
+    ``part(None) = 0x00`` and ``part(s) = 0x01 ‖ le_u64(len(utf8(s))) ‖ utf8(s)``; None when both are None (the
+    unnamespaced chain). ``block_hashes(tokens, page_size, "sglang-sha256", seed=sglang_namespace_seed(...))``
+    are then SGLang's HiCache storage keys of those tokens, so two tenants' (``cache_salt``) chains never share a
+    key. Source: ``python/sglang/srt/mem_cache/utils.py``, ``storage_namespace_seed``.
+    """
+    if extra_key is None and cache_salt is None:
+        return None
+    digest = hashlib.sha256(b"sglang-cache-namespace-v1")
+    for part in (extra_key, cache_salt):
+        if part is None:
+            digest.update(b"\x00")
+            continue
+        encoded = part.encode("utf-8")
+        digest.update(b"\x01" + len(encoded).to_bytes(8, "little") + encoded)
+    return digest.hexdigest()
