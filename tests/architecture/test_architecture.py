@@ -128,3 +128,10 @@ def test_only_the_tier_seam_asks_whether_the_node_has_a_flash_tier() -> None:
             if isinstance(node, ast.Attribute) and node.attr == "disk_path":
                 chosen.append(f"{path.name}:{node.lineno}")
     assert len(chosen) == 1 and chosen[0].startswith("engine.py:"), chosen
+
+
+def test_test_modules_have_unique_names() -> None:
+    # pytest imports test modules by basename (no packages under tests/): two test_x.py in different folders
+    # collide ("import file mismatch") as soon as one run collects both.
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -41,7 +41,7 @@ def payload(tag: str | int, size: int = SIZE) -> bytes:
 
 def make_engine(clock: FakeClock, **config: object) -> Engine:
     # Buckets, uploads and parts cost nothing beyond their bytes here, so the arithmetic below stays about
-    # objects; test_quotas.py's test_buckets_uploads_and_parts_are_charged_and_capped covers those charges.
+    # objects; test_tenant_and_bucket_quotas.py's test_buckets_uploads_and_parts_are_charged_and_capped covers those charges.
     cfg = {"budget": 5000, "default_ttl": 100.0, "max_ttl": 1000.0, "max_pin": 300.0,
            "max_object_size": 4000, "min_part_size": 10, "upload_ttl": 500.0,
            "bucket_overhead": 0, "upload_overhead": 0, "part_overhead": 0}
