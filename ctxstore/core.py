@@ -129,6 +129,26 @@ class SaveResult:
     failed: int = 0
 
 
+@dataclass
+class QueryResult:
+    """What the pod holds of a prompt's blocks (:meth:`AsyncContextStore.query`), per tier: a router's question,
+    which no node counts as a read."""
+
+    tiers: list[str | None] = field(default_factory=list)  # per block asked: "ram", "disk" (flash) or None
+    n_blocks: int = 0  # leading blocks the pod holds, in either tier
+    ram_blocks: int = 0  # leading blocks the pod holds in RAM
+    disk_blocks: int = 0  # blocks of the n_blocks on a node's flash tier (a restore reads them from flash)
+    block_size: int = 0  # tokens per block; 0 for a query by keys that did not say
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_blocks * self.block_size
+
+    @property
+    def ram_tokens(self) -> int:
+        return self.ram_blocks * self.block_size
+
+
 class AsyncContextStore:
     """A pod of ctxstore nodes, for asyncio code. See :class:`ctxstore.ContextStore` for the sync twin."""
 
@@ -283,6 +303,7 @@ class AsyncContextStore:
         self.metrics.observe(op, time.perf_counter() - started)
         if response.status == 200:
             node.put_trailer = wire.has_feature(response.headers, wire.FEATURE_PUT_TRAILER)
+            node.put_route = wire.has_feature(response.headers, wire.FEATURE_PUT_ROUTE)
         else:
             error = _error_of(node, response)
             refused = isinstance(error, ProtocolError) and error.code == "MalformedFrame"
@@ -420,6 +441,27 @@ class AsyncContextStore:
         cold = [k for k, f in zip(keys, found, strict=True) if f is not None and f[1] == "disk"]
         return await self.prefetch_keys(bucket, cold) if cold else 0
 
+    async def query(self, bucket: str, keys: Sequence[str], *, block_size: int = 0) -> QueryResult:
+        """Which of ``keys`` (a prompt's block keys, in order) the pod holds, per tier, in one parallel round: each
+        node is asked about the keys it owns with the bulk ``query`` op, which is not a read (no hit or miss, no
+        LRU or TTL change on the node). A node that is down, slow or failing, or too old to answer queries, holds
+        nothing here (strict mode raises instead). ``block_size``: tokens per block, for the result's tokens."""
+        check_bucket(bucket)
+        codes = [wire.TIER_ABSENT] * len(keys)
+
+        async def one(node: Node, idx: list[int], lane: int) -> None:
+            head = wire.encode_query_request(wire.QueryRequest(keys=[keys[i] for i in idx]))
+            answer = await self._exchange(node, bucket, "query", head,
+                                          lambda r: wire.decode_query_response(_head(r, "query", len(idx)), len(idx)))
+            if answer is not None:
+                for i, code in zip(idx, answer.tiers, strict=True):
+                    codes[i] = code
+
+        await self._fan_out(one, keys)
+        summary = wire.query_summary(codes)
+        return QueryResult([wire.TIER_NAMES.get(code) for code in codes], summary.prefix, summary.ram, summary.disk,
+                           block_size)
+
     async def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                        pin: float = 0.0) -> list[Target | None]:
         """Fetch blocks into their destinations; None where missing, failed or corrupt."""
@@ -471,13 +513,17 @@ class AsyncContextStore:
         return min(limit, max(MIN_PART_BYTES, -(-total // self.threads)))
 
     async def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
-                       ttl: float | None = None, if_absent: bool = True) -> SaveResult:
+                       ttl: float | None = None, if_absent: bool = True,
+                       route: wire.PutRoute | None = None) -> SaveResult:
+        """Store ``blocks`` under ``keys``. ``route`` (in key order): what a node whose events feed a router
+        asks of each block; sent only to nodes that asked for it."""
         check_bucket(bucket)
         result = SaveResult()
 
         async def one(node: Node, batch: list[int], lane: int) -> None:
             answer = await self._put_batch(node, bucket, [keys[i] for i in batch], [blocks[i] for i in batch],
-                                           ttl, if_absent, lane)
+                                           ttl, if_absent, lane,
+                                           route.select(batch) if route is not None and node.put_route else None)
             if answer is not None:
                 result.stored += answer.results.count("stored")
                 result.existed += answer.results.count("exists")
@@ -500,7 +546,8 @@ class AsyncContextStore:
         return result
 
     async def _put_batch(self, node: Node, bucket: str, keys: list[str], blocks: list[memoryview],
-                         ttl: float | None, if_absent: bool, lane: int) -> wire.PutResponse | None:
+                         ttl: float | None, if_absent: bool, lane: int,
+                         route: wire.PutRoute | None = None) -> wire.PutResponse | None:
         """One put call. To a node that announced it, the checksums follow the payloads (each block hashed as
         it is sent); a node that then refuses that frame (it was replaced by an older version) gets the call
         again with the checksums in the head."""
@@ -511,14 +558,14 @@ class AsyncContextStore:
 
         sizes = [len(b) for b in blocks]
         if node.put_trailer:
-            head = wire.encode_put_head(wire.PutRequest(keys, sizes, None, ttl, if_absent))
+            head = wire.encode_put_head(wire.PutRequest(keys, sizes, None, ttl, if_absent, route))
             try:
                 return await self._exchange(node, bucket, "put", head, decode, payloads=TrailedPayloads(blocks),
                                             recreate_bucket=True, lane=lane)
             except _TrailerRefused:
                 pass
         head = wire.encode_put_head(wire.PutRequest(keys, sizes, [xxhash.xxh3_64_intdigest(b) for b in blocks],
-                                                    ttl, if_absent))
+                                                    ttl, if_absent, route))
         return await self._exchange(node, bucket, "put", head, decode, payloads=blocks, recreate_bucket=True,
                                     lane=lane)
 
@@ -698,6 +745,12 @@ class AsyncNamespace:
         await self.store.prefetch_located(self.bucket, keys[:n], found[:n])
         return n
 
+    async def query(self, tokens: Sequence[int]) -> QueryResult:
+        """What the pod holds of the full blocks of ``tokens``, per tier (:meth:`AsyncContextStore.query`): for
+        a router choosing where a request's prefix is cheapest to restore. Not a read: unlike :meth:`lookup`,
+        no node counts it as hits or keeps the blocks alive for it."""
+        return await self.store.query(self.bucket, self.block_hashes(tokens), block_size=self.block_size)
+
     async def restore(self, tokens: Sequence[int], out: Any = None, *, pin: float = 0.0) -> RestoreResult:
         """Fetch the cached prefix of ``tokens`` in one round trip per node.
 
@@ -731,7 +784,17 @@ class AsyncNamespace:
         if staging_module.wants_staging(blocks, self.store.staging):
             return await self.store.put_keys_staged(self.bucket, keys[:len(blocks)], blocks, ttl=ttl)
         views = [byte_view(b) for b in blocks]
-        return await self.store.put_keys(self.bucket, keys[:len(views)], views, ttl=ttl)
+        route = self._route(tokens, keys[:len(views)]) if any(n.put_route for n in self.store.pod.nodes) else None
+        return await self.store.put_keys(self.bucket, keys[:len(views)], views, ttl=ttl, route=route)
+
+    def _route(self, tokens: Sequence[int], keys: list[str]) -> wire.PutRoute:
+        """What a router's index needs of the blocks of ``keys`` (the first full blocks of ``tokens``): their
+        tokens, each one's parent key and the namespace's salt (its fingerprint's hex digest: the
+        ``cache_salt`` under which the ``dynamo`` scheme's keys are Dynamo's own)."""
+        size = self.block_size
+        flat = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+        return wire.PutRoute(size, [list(map(int, flat[i * size:(i + 1) * size])) for i in range(len(keys))],
+                             [None, *keys[:-1]], self.fingerprint.hexdigest())
 
     async def touch(self, tokens: Sequence[int], ttl: float | None = None) -> int:
         """Extend the life of the cached blocks of ``tokens``; returns how many were live."""

@@ -100,6 +100,8 @@ class Node:
     last_error: str = ""
     # The node's last bulk answer announced puts with a checksum trailer (wire.FEATURE_PUT_TRAILER).
     put_trailer: bool = False
+    # ... and asked for each saved block's tokens, block size and parent (wire.FEATURE_PUT_ROUTE).
+    put_route: bool = False
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

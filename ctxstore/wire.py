@@ -20,7 +20,9 @@ put        ``{v, keys: [str], sizes: [int], xxh3: [int], ttl: float|None,       
            if_absent: bool}``, or ``trailer: true`` instead of ``xxh3``: the        (then, with
            checksums follow the payloads (:data:`TRAILER`), so a client hashes      ``trailer``,
            each block as it sends it (only to a node that announced it:             their XXH3-64s)
-           :data:`FEATURES_HEADER`)
+           :data:`FEATURES_HEADER`); with ``block_size, tokens: [[int]],
+           parents: [str|None], salt: str|None`` (:class:`PutRoute`) to a node
+           that announced :data:`FEATURE_PUT_ROUTE`
 touch      ``{v, keys: [str], ttl: float|None}``                                   none
 pin        ``{v, keys: [str], seconds: float}``                                    none
 unpin      ``{v, keys: [str]}``                                                    none
@@ -88,6 +90,10 @@ TRAILER = struct.Struct(">Q")
 FEATURES_HEADER = "x-ctx-bulk-features"
 FEATURE_PUT_TRAILER = "put-trailer"
 FEATURES = FEATURE_PUT_TRAILER
+# A node whose store events feed a router's index asks for each saved block's tokens, block size and parent
+# (:class:`PutRoute`); it announces this only then, so workers of a pod without routers send none of it.
+FEATURE_PUT_ROUTE = "put-route"
+MAX_ROUTE_BLOCK_SIZE = 4096  # tokens per block a route may name
 MAX_HEAD_BYTES = 16 << 20  # a head bigger than this is malformed whatever the key limits say
 ABSENT = -1
 MAX_KEY_BYTES = 1024
@@ -153,7 +159,7 @@ class HeadSchema:
 
 _REQUEST_FIELDS: dict[str, tuple[str, ...]] = {
     "lookup": ("keys", "pin"), "get": ("keys", "pin"),
-    "put": ("keys", "sizes", "xxh3", "trailer", "ttl", "if_absent"),
+    "put": ("keys", "sizes", "xxh3", "trailer", "ttl", "if_absent", "block_size", "tokens", "parents", "salt"),
     "touch": ("keys", "ttl"), "pin": ("keys", "seconds"), "unpin": ("keys",), "delete": ("keys",),
     "prefetch": ("keys",),
     "query": ("keys", "hashes", "tokens", "block_size", "scheme", "fingerprint"),
@@ -288,12 +294,29 @@ class KeysRequest:
 
 
 @dataclass
+class PutRoute:
+    """What a router's index needs of each block of a put (and the node cannot derive from its key): the
+    block's token ids, the key of the block before it in its chain (None: the first block), the block size
+    and the namespace's salt (Dynamo's ``cache_salt``). Lists run in the put's key order."""
+
+    block_size: int
+    tokens: list[list[int]]
+    parents: list[str | None]
+    salt: str | None = None
+
+    def select(self, idx: Sequence[int]) -> PutRoute:
+        """The route of the keys at ``idx``."""
+        return PutRoute(self.block_size, [self.tokens[i] for i in idx], [self.parents[i] for i in idx], self.salt)
+
+
+@dataclass
 class PutRequest:
     keys: list[str]
     sizes: list[int]
     xxh3: list[int] | None  # None: the checksums come in the frame's trailer, after the payloads
     ttl: float | None = None
     if_absent: bool = True
+    route: PutRoute | None = None  # only to a node that announced FEATURE_PUT_ROUTE
 
     @property
     def payload_bytes(self) -> int:
@@ -332,7 +355,12 @@ def decode_keys_request(op: str, head: dict[str, Any], max_keys: int) -> KeysReq
 
 def encode_put_head(req: PutRequest) -> bytes:
     sums: dict[str, Any] = {"trailer": True} if req.xxh3 is None else {"xxh3": req.xxh3}
-    return pack_head({"keys": req.keys, "sizes": req.sizes, **sums, "ttl": req.ttl, "if_absent": req.if_absent})
+    route: dict[str, Any] = {}
+    if req.route is not None:
+        route = {"block_size": req.route.block_size, "tokens": req.route.tokens, "parents": req.route.parents,
+                 "salt": req.route.salt}
+    return pack_head({"keys": req.keys, "sizes": req.sizes, **sums, "ttl": req.ttl, "if_absent": req.if_absent,
+                      **route})
 
 
 def decode_put_request(head: dict[str, Any], max_keys: int, max_bytes: int) -> PutRequest:
@@ -352,7 +380,33 @@ def decode_put_request(head: dict[str, Any], max_keys: int, max_bytes: int) -> P
     if_absent = head.get("if_absent", True)
     if not isinstance(if_absent, bool):
         raise WireError("'if_absent' must be a boolean")
-    return PutRequest(keys, sizes, xxh3, ttl, if_absent)
+    return PutRequest(keys, sizes, xxh3, ttl, if_absent, _route(head, len(keys)))
+
+
+def _route(head: dict[str, Any], n_keys: int) -> PutRoute | None:
+    """A put's :class:`PutRoute`, or None when its head has none (``salt`` is optional, the others go together)."""
+    present = [name for name in ("block_size", "tokens", "parents", "salt") if name in head]
+    if not present:
+        return None
+    if not {"block_size", "tokens", "parents"} <= set(present):
+        raise WireError("a put's route needs 'block_size', 'tokens' and 'parents'")
+    block_size = _count(head, "block_size", MAX_ROUTE_BLOCK_SIZE)
+    if block_size == 0:
+        raise WireError("'block_size' must be positive", "InvalidArgument")
+    tokens = head.get("tokens")
+    if not isinstance(tokens, list) or len(tokens) != n_keys:
+        raise WireError("'tokens' must be a list with one entry per key")
+    for block in tokens:
+        if not isinstance(block, list) or len(block) != block_size or not set(map(type, block)) <= {int} \
+                or (block and (min(block) < 0 or max(block) >= 1 << 32)):
+            raise WireError(f"each 'tokens' entry must be {block_size} token ids in [0, 2**32)")
+    parents = head.get("parents")
+    if not isinstance(parents, list) or len(parents) != n_keys or not set(map(type, parents)) <= {str, type(None)}:
+        raise WireError("'parents' must be a list with one key or nil per key")
+    salt = head.get("salt")
+    if salt is not None and not isinstance(salt, str):
+        raise WireError("'salt' must be a string or nil")
+    return PutRoute(block_size, tokens, parents, salt)
 
 
 # ---------------------------------------------------------------------------- responses

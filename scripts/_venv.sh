@@ -86,3 +86,29 @@ ensure_vllm() {
     fi
     VLLM_PYTHON="$venv/bin/python"
 }
+
+# Dynamo (for tests/integrations/test_dynamo.py): ai-dynamo-runtime, whose `python -m dynamo.indexer` is Dynamo's
+# standalone KV indexer (the meta-package ai-dynamo does not install on a CPU machine), in a virtual environment
+# of its own: $CTXSTORE_DYNAMO_VENV, default "<suite venv>-dynamo". The test drives it as a separate process.
+# On success DYNAMO_PYTHON is that venv's python; otherwise DYNAMO_UNAVAILABLE says why (the test skips with it).
+DYNAMO_VERSION=1.6.1
+ensure_dynamo() {
+    local venv="${CTXSTORE_DYNAMO_VENV:-$VENV-dynamo}"
+    local py="${PYTHON:-python3}"
+    DYNAMO_PYTHON="" DYNAMO_UNAVAILABLE=""
+    if [ ! -f "$venv/.ctxstore-dynamo-$DYNAMO_VERSION" ]; then
+        echo "scripts/test: installing ai-dynamo-runtime $DYNAMO_VERSION into $venv" >&2
+        local log="$venv.install.log"
+        if { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } >"$log" 2>&1 \
+            && "$venv/bin/python" -m pip install --quiet "ai-dynamo-runtime==$DYNAMO_VERSION" >>"$log" 2>&1 \
+            && (cd / && "$venv/bin/python" -m dynamo.indexer --help) >>"$log" 2>&1; then
+            rm -f "$venv"/.ctxstore-dynamo-*
+            touch "$venv/.ctxstore-dynamo-$DYNAMO_VERSION"
+        else
+            DYNAMO_UNAVAILABLE="ai-dynamo-runtime $DYNAMO_VERSION could not be installed here (see $log): $({ grep -v '^WARNING: Location' "$log" || true; } | tail -n 1)"
+            echo "scripts/test: $DYNAMO_UNAVAILABLE; tests/integrations/test_dynamo.py will skip" >&2
+            return 0
+        fi
+    fi
+    DYNAMO_PYTHON="$venv/bin/python"
+}

@@ -56,8 +56,10 @@ class App:
         requests = self.metrics.requests
         limits = shell.BodyLimits(settings.body_timeout, settings.min_body_rate)
         self.s3 = partial(shell.serve, S3Service(self.node.engine, tenants.lookup, settings), requests, limits)
-        self.bulk = partial(shell.serve, BulkService(self.node.engine, tenants.lookup, settings), requests, limits)
         self.events = EventHub(self.node.engine, settings, self.node.node_id)  # for routers (docs/events.md)
+        routes = None if self.events.routes is None else self.events.routes.remember
+        self.bulk = partial(shell.serve, BulkService(self.node.engine, tenants.lookup, settings, routes), requests,
+                            limits)
         self.event_stream = EventStream(self.events, self.node)
         self.admin = create_admin_app(self.node)
         self._housekeeper: asyncio.Task[None] | None = None

@@ -213,11 +213,14 @@ class Settings:
     events_consumer_queue: int = setting(10000, INT, "CTXSTORE_EVENTS_CONSUMER_QUEUE",
                 "Events one event-stream consumer may have waiting; one that falls further behind gets a gap frame "
                 "and is disconnected.")
-    events_medium: str = setting("CTXSTORE", STR, "CTXSTORE_EVENTS_MEDIUM",
-                "`medium` of every event (stream frames, ZMQ BlockStored/BlockRemoved). Dynamo reads CPU_PINNED, "
-                "DISK and EXTERNAL as its tiers and anything else as GPU.")
+    events_medium: str = setting("CPU", STR, "CTXSTORE_EVENTS_MEDIUM",
+                "`medium` of the events of blocks in RAM (stream frames, ZMQ BlockStored/BlockRemoved). Dynamo 1.6.1 "
+                "reads CPU (also CPU_PINNED, CPU_TIER1) as its host tier, DISK (also CPU_TIER2, NVME, EXTERNAL, "
+                "NETWORK, REMOTE, SHARED) as its disk tier, GPU/DEVICE as the device, and drops events of any "
+                "other medium (docs/events.md).")
     events_disk_medium: str = setting("DISK", STR, "CTXSTORE_EVENTS_DISK_MEDIUM",
-                "`medium` of the events of blocks the flash tier holds (demoted, or recovered after a restart).")
+                "`medium` of the events of blocks the flash tier holds (demoted, or recovered after a restart): "
+                "Dynamo's disk tier.")
     events_zmq_pub: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_PUB",
                 "Bind a ZMQ PUB socket here publishing vLLM-format KV event batches, e.g. tcp://127.0.0.1:5557 "
                 "(a leading `>` connects instead). Empty: off.")
@@ -229,9 +232,10 @@ class Settings:
     events_zmq_format: str = setting("array", choice("array", "map"), "CTXSTORE_EVENTS_ZMQ_FORMAT",
                 "Each event of a ZMQ batch as a positional array (`array`, vLLM before PR 42892) or a tagged map "
                 "(`map`, vLLM after it).")
-    events_zmq_hashes: str = setting("key", choice("key", "int", "bytes"), "CTXSTORE_EVENTS_ZMQ_HASHES",
-                "What ZMQ `block_hashes` carry: the key (`key`), its last path segment read as hex, low 64 bits "
-                "(`int`, vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES, Dynamo), or that hex as bytes (`bytes`).")
+    events_zmq_hashes: str = setting("int", choice("key", "int", "bytes"), "CTXSTORE_EVENTS_ZMQ_HASHES",
+                "What ZMQ `block_hashes` carry: the key's last path segment read as hex, low 64 bits (`int`: "
+                "Dynamo, llm-d, vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES), the key (`key`: Dynamo cannot "
+                "decode it), or that hex as bytes (`bytes`, vLLM's default).")
     events_zmq_buckets: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_BUCKETS",
                 "Comma-separated buckets the ZMQ publisher reports (empty: all).")
 

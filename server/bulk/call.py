@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ctxstore import wire
@@ -25,6 +26,9 @@ class BulkCall:
     engine: Engine
     max_keys: int
     max_bytes: int
+    # Where a put's block routes go (bucket, keys, route, indices of the stored keys): the event hub's, on a
+    # node whose events feed a router; None elsewhere (the node does not ask for them).
+    routes: Callable[[str, list[str], wire.PutRoute, list[int]], None] | None = None
 
     @property
     def tenant(self) -> str:

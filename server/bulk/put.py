@@ -160,6 +160,9 @@ def _commit(call: BulkCall, request: wire.PutRequest, blocks: list[Block]) -> wi
             block.result, block.error = "rejected", f"no room for the block: {outcome}"
         else:
             block.result = "stored"
+    if request.route is not None and call.routes is not None:  # before the hub numbers their `stored` events
+        call.routes(call.bucket, request.keys, request.route,
+                    [i for i, block in enumerate(blocks) if block.result == "stored"])
     errors = {i: block.error for i, block in enumerate(blocks) if block.error}
     return wire.PutResponse([block.result or "rejected" for block in blocks], errors)
 

@@ -41,10 +41,12 @@ class BulkService:
     api = "bulk"
     answerable: tuple[type[Exception], ...] = (BulkError, wire.WireError, RequestError, StorageError)
 
-    def __init__(self, engine: Engine, lookup: CredentialLookup, settings: Settings) -> None:
+    def __init__(self, engine: Engine, lookup: CredentialLookup, settings: Settings,
+                 routes: Callable[[str, list[str], wire.PutRoute, list[int]], None] | None = None) -> None:
         self.engine = engine
         self.lookup = lookup
         self.settings = settings  # limits are read per call: the admin API may change settings at run time
+        self.routes = routes  # a node whose events feed a router asks puts for their blocks' routes
 
     async def handle(self, req: Request) -> Reply:
         if req.method != "POST":
@@ -61,9 +63,14 @@ class BulkService:
         if auth.payload.startswith("streaming"):
             raise BulkError("InvalidArgument", "the bulk API takes no aws-chunked bodies; sign with "
                             "UNSIGNED-PAYLOAD (blocks carry their own XXH3-64) or the body's SHA-256")
-        call = BulkCall(req, auth, bucket, self.engine, self.settings.bulk_max_keys, self.settings.bulk_max_bytes)
+        call = BulkCall(req, auth, bucket, self.engine, self.settings.bulk_max_keys, self.settings.bulk_max_bytes,
+                        self.routes)
         self.engine.bucket(call.tenant, bucket)  # tenant isolation before a byte of the body is read
-        return await OPERATIONS[op](call)
+        reply = await OPERATIONS[op](call)
+        if self.routes is not None:
+            reply.headers = [(name, f"{value},{wire.FEATURE_PUT_ROUTE}" if name == wire.FEATURES_HEADER else value)
+                             for name, value in reply.headers]
+        return reply
 
     def error_reply(self, req: Request, exc: Exception) -> Reply:
         error = as_bulk_error(exc)

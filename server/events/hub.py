@@ -7,6 +7,10 @@ object is not announced as removed: its new version's ``stored`` event says the 
 event names its medium: RAM's (``events_medium``) or the flash tier's (``events_disk_medium``); a demotion is
 ``removed`` (reason ``demoted``, RAM's medium) followed at once by ``stored`` (the disk medium).
 
+A node with a ZMQ publisher asks clients for each saved block's tokens, block size and parent
+(``wire.FEATURE_PUT_ROUTE``); the bulk put hands them to :attr:`EventHub.routes` and the publisher puts them into
+the block's ``BlockStored`` events, so a router's index (Dynamo's) credits the block (docs/events.md).
+
 The engine's hot path only appends a small tuple to a deque. A timer a few milliseconds later (or a full
 batch) numbers the pending events with the node's sequence (1, 2, 3... from process start; ``epoch`` tells
 processes apart). Everything runs on the node's event loop: the engine calls the listeners synchronously, so
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from typing import Any
@@ -25,6 +30,7 @@ from typing import Any
 from ..engine import BlockRef, Engine, StoredObject
 from ..settings import Settings
 from .model import REMOVED, STORED, Event, encode_event
+from .routes import LOG_NAME, RouteBook
 from .zmq import ZmqPublisher
 
 log = logging.getLogger("ctxstore.events")
@@ -88,12 +94,19 @@ class EventHub:
         self._timer: asyncio.Handle | None = None  # the pending run: a flush timer, or a call_soon
         self._soon = False
         self.zmq: ZmqPublisher | None = None
+        # The blocks' routes (tokens, parent, block size, salt), asked of clients only for the ZMQ publisher.
+        self.routes: RouteBook | None = None
         if settings.events_zmq_pub:
             buckets = {b.strip() for b in settings.events_zmq_buckets.split(",") if b.strip()}
+            log_path = ""
+            if settings.disk:  # the blocks a restart recovers are announced with their routes again
+                os.makedirs(settings.disk, exist_ok=True)
+                log_path = os.path.join(settings.disk, LOG_NAME)
+            self.routes = RouteBook(log_path, reset=settings.disk_reset)
             self.zmq = ZmqPublisher(
                 settings.events_zmq_pub, settings.events_zmq_replay, topic=settings.events_zmq_topic,
                 fmt=settings.events_zmq_format, hashes=settings.events_zmq_hashes, medium=self.medium,
-                buckets=buckets or None, buffer_events=settings.events_buffer,
+                buckets=buckets or None, buffer_events=settings.events_buffer, routes=self.routes,
             )
         elif settings.events_zmq_replay:
             raise ValueError("events_zmq_replay needs events_zmq_pub: the replay socket serves what PUB sent")
@@ -161,14 +174,27 @@ class EventHub:
         self.seq = seq
         self.ring.extend(batch)
         self.counters["events"] += n
+        if self.zmq is not None:
+            self.zmq.publish(batch, ts)  # first: a block's removal below drops its route
+        if self.routes is not None:
+            self._forget_routes(batch)
         self.counters["batches"] += 1
         if self._consumers:
             epoch, node = self.epoch, self.node_id
             frames = [(ev.bucket, ev.seq, encode_event(ev, epoch, node)) for ev in batch]
             for consumer in list(self._consumers):
                 consumer.offer(frames)
-        if self.zmq is not None:
-            self.zmq.publish(batch, ts)
+
+    def _forget_routes(self, batch: list[Event]) -> None:
+        """Drop the routes of blocks this batch leaves gone: their last event is a removal that is not a move
+        (``demoted``) nor a superseded flash copy (``replaced``: the new version's route stays)."""
+        assert self.routes is not None
+        last: dict[tuple[str, str], Event] = {}
+        for ev in batch:
+            last[(ev.bucket, ev.key)] = ev
+        for (bucket, key), ev in last.items():
+            if ev.type == REMOVED and ev.reason not in ("demoted", "replaced"):
+                self.routes.forget(bucket, key)
 
     def flush_now(self) -> None:
         """Number and deliver every pending event now (before a snapshot or a stream's replay point)."""
@@ -218,3 +244,5 @@ class EventHub:
             consumer.stop()
         if self.zmq is not None:
             await self.zmq.close()
+        if self.routes is not None:
+            self.routes.close()

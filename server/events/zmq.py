@@ -14,6 +14,7 @@ from typing import Any
 import xxhash
 
 from .model import STORED, Event, pack
+from .routes import Route, RouteBook
 
 log = logging.getLogger("ctxstore.events")
 
@@ -69,6 +70,22 @@ def vllm_event(kind: str, hashes: list[Any], medium: str | None, fmt: str) -> li
     return {"type": kind, **dict(fields)}  # omit_defaults drops the defaulted fields of a map
 
 
+def routed_stored(hashes: list[Any], parent: Any, route: Route, medium: str | None, fmt: str) -> Any:
+    """A ``BlockStored`` a router's index credits: the block's hash, its parent's, its tokens and block size
+    (what Dynamo hashes into its radix tree), and, for a salted namespace, the salt as Dynamo's ``cache_salt``.
+    vLLM's struct has no field for the salt, so a salted block is always a map (Dynamo reads ``cache_salt``
+    only from a map; its positional decoder takes no salt there); unsalted ones follow ``fmt``."""
+    tokens = route.token_ids()
+    if route.salt is None and fmt == "array":
+        return ["BlockStored", hashes, parent, tokens, route.block_size, None, medium, None, None, None, None, None]
+    event: dict[str, Any] = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+                             "token_ids": tokens, "block_size": route.block_size, "lora_id": None,
+                             "medium": medium, "lora_name": None}
+    if route.salt is not None:
+        event["cache_salt"] = route.salt
+    return event
+
+
 def vllm_batch(ts: float, events: list[Any], data_parallel_rank: int = 0) -> bytes:
     """An EventBatch: ``[ts, events, data_parallel_rank]`` (array_like, as every consumer decodes it)."""
     return pack([ts, events, data_parallel_rank])
@@ -83,7 +100,7 @@ class ZmqPublisher:
     ``[b"", seq, payload]`` for every buffered message with seq >= start_seq, then ``[b"", END_SEQ, b""]``."""
 
     def __init__(self, endpoint: str, replay_endpoint: str, *, topic: str, fmt: str, hashes: str, medium: str,
-                 buckets: set[str] | None, buffer_events: int) -> None:
+                 buckets: set[str] | None, buffer_events: int, routes: RouteBook | None = None) -> None:
         if fmt not in ("array", "map"):
             raise ValueError(f"events_zmq_format must be array or map, got {fmt!r}")
         if hashes not in ("key", "int", "bytes"):
@@ -96,6 +113,7 @@ class ZmqPublisher:
         self.medium = medium
         self.buckets = buckets
         self.buffer_events = buffer_events
+        self.routes = routes
         self.seq = 0  # next message's sequence number
         self.buffer: deque[tuple[int, bytes, int]] = deque()  # (seq, payload, events in it)
         self.buffered = 0
@@ -129,12 +147,18 @@ class ZmqPublisher:
     def publish(self, batch: list[Event], ts: float) -> None:
         if self._pub is None:
             return
-        buckets, mode, fmt = self.buckets, self.hashes, self.fmt
-        events = [
-            vllm_event("BlockStored" if ev.type == STORED else "BlockRemoved", [block_hash(ev.key, mode)],
-                       ev.medium, fmt)
-            for ev in batch if buckets is None or ev.bucket in buckets
-        ]
+        buckets, mode, fmt, routes = self.buckets, self.hashes, self.fmt, self.routes
+        events: list[Any] = []
+        for ev in batch:
+            if buckets is not None and ev.bucket not in buckets:
+                continue
+            route = routes.get(ev.bucket, ev.key) if routes is not None and ev.type == STORED else None
+            if route is not None:
+                parent = None if route.parent is None else block_hash(route.parent, mode)
+                events.append(routed_stored([block_hash(ev.key, mode)], parent, route, ev.medium, fmt))
+            else:
+                events.append(vllm_event("BlockStored" if ev.type == STORED else "BlockRemoved",
+                                         [block_hash(ev.key, mode)], ev.medium, fmt))
         if events:
             self._send(ts, events)
 

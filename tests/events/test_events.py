@@ -175,7 +175,7 @@ def test_puts_deletes_and_flush_arrive_in_order_with_consecutive_seqs(node: Simp
     for e in got:
         assert e["epoch"] == stream.hello["epoch"] and e["node"] == stream.hello["node"]
         assert e["bucket"] == bucket and e["tenant"] == "default"
-        assert e["seq_hashes"] == [e["key"]] and e["tenant_id"] == "default" and e["medium"] == "CTXSTORE"
+        assert e["seq_hashes"] == [e["key"]] and e["tenant_id"] == "default" and e["medium"] == "CPU"
     assert before + 3600 - 5 < got[0]["expires_at"] < time.time() + 3600 + 5
 
 
@@ -309,7 +309,7 @@ def test_zmq_subscriber_and_replay(node: SimpleNamespace) -> None:
         messages: list[tuple[int, bytes]] = []
         seen: list[list[Any]] = []
         deadline = time.monotonic() + 5
-        while not any(e[0] == "BlockRemoved" and e[1] == [k1] for e in seen):
+        while not any(e[0] == "BlockRemoved" and e[1] == [int(k1, 16)] for e in seen):
             assert time.monotonic() < deadline, f"missing events: {seen}"
             if sub.poll(200):
                 topic, seq8, payload = sub.recv_multipart()
@@ -318,11 +318,13 @@ def test_zmq_subscriber_and_replay(node: SimpleNamespace) -> None:
                 assert abs(ts - time.time()) < 60 and dp_rank == 0
                 seen.extend(batch_events)
         assert_consecutive([first_seq] + [seq for seq, _ in messages])
-        ours = [e for e in seen if e[1] in ([k1], [k2])]
+        # The defaults: integer hashes (a hex key's low 64 bits) and RAM as Dynamo's host tier.
+        h1, h2 = int(k1, 16), int(k2, 16)
+        ours = [e for e in seen if e[1] in ([h1], [h2])]
         assert ours == [
-            ["BlockStored", [k1], None, [], 0, None, "CTXSTORE", None, None, None, None, None],
-            ["BlockStored", [k2], None, [], 0, None, "CTXSTORE", None, None, None, None, None],
-            ["BlockRemoved", [k1], "CTXSTORE", None],
+            ["BlockStored", [h1], None, [], 0, None, "CPU", None, None, None, None, None],
+            ["BlockStored", [h2], None, [], 0, None, "CPU", None, None, None, None, None],
+            ["BlockRemoved", [h1], "CPU", None],
         ]
 
         def replay(start: int) -> list[tuple[int, bytes]]:

@@ -1,0 +1,116 @@
+"""Router-grade events: a save carries each block's tokens, parent and block size (and the namespace's salt) to a
+node whose ZMQ events feed a router, and only to such a node; its ``BlockStored`` events carry them as Dynamo
+reads them. (Dynamo's own indexer against a node: tests/integrations/test_dynamo.py.)"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from support.nodes import ACCESS_KEY, SECRET_KEY, free_port, start_node
+
+from ctxstore import ContextStore, wire
+from ctxstore_server import events
+
+ROUTE = wire.PutRoute(2, [[1, 2], [3, 4]], [None, "aa"], "salt")
+
+
+def test_a_put_route_round_trips_through_the_head() -> None:
+    head = wire.encode_put_head(wire.PutRequest(["aa", "bb"], [1, 1], [0, 0], route=ROUTE))
+    decoded = wire.decode_put_request(wire.unpack_head(head, wire.request_schema("put", 16))[0], 16, 1 << 20)
+    assert decoded.route == ROUTE
+    plain = wire.encode_put_head(wire.PutRequest(["aa"], [1], [0]))
+    assert wire.decode_put_request(wire.unpack_head(plain, wire.request_schema("put", 16))[0], 16, 1 << 20).route \
+        is None
+    assert ROUTE.select([1]) == wire.PutRoute(2, [[3, 4]], ["aa"], "salt")
+
+
+@pytest.mark.parametrize("bad", [
+    {"tokens": [[1, 2]], "parents": [None]},  # no block_size
+    {"block_size": 2, "tokens": [[1]], "parents": [None]},  # a block of the wrong length
+    {"block_size": 2, "tokens": [[1, 1 << 32]], "parents": [None]},  # not a u32 token id
+    {"block_size": 2, "tokens": [[1, 2]], "parents": [7]},  # a parent that is not a key
+    {"block_size": 2, "tokens": [[1, 2]], "parents": [None], "salt": 3},
+    {"block_size": 0, "tokens": [[]], "parents": [None]},
+])
+def test_a_malformed_route_is_refused(bad: dict[str, Any]) -> None:
+    head = {"v": 1, "keys": ["aa"], "sizes": [1], "xxh3": [0], **bad}
+    with pytest.raises(wire.WireError):
+        wire.decode_put_request(head, 16, 1 << 20)
+
+
+def test_routed_stored_events_as_dynamo_reads_them() -> None:
+    plain = events.Route("aa", events.RouteBook.pack_tokens([1, 2]), 2, None)
+    assert events.routed_stored([7], 5, plain, "CPU", "array") == \
+        ["BlockStored", [7], 5, [1, 2], 2, None, "CPU", None, None, None, None, None]
+    salted = plain._replace(salt="s")
+    # Dynamo reads a salt only from a map event's `cache_salt`: a salted block is a map whatever the format.
+    assert events.routed_stored([7], None, salted, "DISK", "array") == {
+        "type": "BlockStored", "block_hashes": [7], "parent_block_hash": None, "token_ids": [1, 2], "block_size": 2,
+        "lora_id": None, "medium": "DISK", "lora_name": None, "cache_salt": "s"}
+
+
+def test_the_route_log_survives_a_restart_and_drops_what_is_gone(tmp_path: Path) -> None:
+    path = str(tmp_path / "routes.log")
+    book = events.RouteBook(path)
+    book.remember("b", ["aa", "bb", "cc"], wire.PutRoute(2, [[1, 2], [3, 4], [5, 6]], [None, "aa", "bb"], "s"),
+                  [0, 1])
+    assert book.get("b", "cc") is None  # not stored by the put
+    book.forget("b", "aa")
+    book.close()
+    again = events.RouteBook(path)
+    assert again.get("b", "aa") is None  # gone before the restart
+    entry = again.get("b", "bb")
+    assert entry is not None and (entry.parent, entry.token_ids(), entry.block_size, entry.salt) == (
+        "aa", [3, 4], 2, "s")
+    again.close()
+    reset = events.RouteBook(path, reset=True)  # the flash tier starts empty: so do the routes
+    assert len(reset) == 0
+    reset.close()
+
+
+def _subscriber(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    return sub
+
+
+def test_a_save_carries_its_route_only_to_a_node_that_asks(tmp_path: Path) -> None:
+    pub = f"tcp://127.0.0.1:{free_port()}"
+    routed = start_node(tmp_path, env={"CTXSTORE_EVENTS_ZMQ_PUB": pub})
+    plain = start_node(tmp_path)
+    ctx = zmq.Context()
+    sub = _subscriber(ctx, pub)
+    try:
+        for node, asks in ((routed, True), (plain, False)):
+            with ContextStore(node.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY) as store:
+                ns = store.namespace("routes", model="m", block_size=4, scheme="dynamo")
+                tokens = list(range(12))
+                ns.lookup(tokens)
+                assert store._async.pod.nodes[0].put_route is asks
+                assert ns.save(tokens, [b"x" * 10] * 3).stored == 3
+        keys = [int(k, 16) for k in ns.block_hashes(tokens)]
+        stored: list[Any] = []
+        deadline = time.monotonic() + 5
+        while len(stored) < 3:  # the routed node's three blocks (PUB may drop what came before the subscription)
+            assert time.monotonic() < deadline, f"no routed events: {stored}"
+            if sub.poll(200):
+                _, _, payload = sub.recv_multipart()
+                stored += [e for e in msgpack.unpackb(payload)[1] if isinstance(e, dict)]
+        salt = ns.fingerprint.hexdigest()
+        assert [(e["block_hashes"], e["parent_block_hash"], e["token_ids"], e["block_size"], e["medium"],
+                 e["cache_salt"]) for e in stored] == [
+            ([keys[0]], None, [0, 1, 2, 3], 4, "CPU", salt),
+            ([keys[1]], keys[0], [4, 5, 6, 7], 4, "CPU", salt),
+            ([keys[2]], keys[1], [8, 9, 10, 11], 4, "CPU", salt),
+        ]
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+        routed.stop()
+        plain.stop()
