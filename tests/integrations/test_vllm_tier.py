@@ -83,6 +83,7 @@ def test_a_hung_node_costs_a_miss_within_the_deadline_and_drain_waits(report: di
     hang = report["hang_lookup"]
     assert hang["answers"] == ["MISS"]  # never an unbounded RETRY
     assert hang["seconds"] < hang["deadline"] + 0.25, hang
+    assert hang["asked_again"] == ["MISS"]  # past its deadline a key stays a miss until its answer comes
     load = report["hang_load"]
     assert load["reported_after_drain"] and load["success"] is False  # a failed job, reported
     assert load["drain_s"] < 2.0 + 1.5 and not load["pending_after"]

@@ -203,9 +203,12 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
     try:
         # Two requests in one step: vLLM's lookup thread takes their batches one after the other, so the
         # second waits behind the first: the tier's own deadline answers it.
-        answers, took, steps = resolve(c, fresh[:16], req4, also=(fresh[16:], ReqContext(req_id="r4b")))
+        req4b = ReqContext(req_id="r4b")
+        answers, took, steps = resolve(c, fresh[:16], req4, also=(fresh[16:], req4b))
+        # Asked again while its batch is still out: a MISS at once, not a new wait.
+        again = [c.lookup(k, req4b).name for k in fresh[16:]]
         report["hang_lookup"] = {"answers": sorted(set(answers)), "seconds": took, "steps": steps,
-                                 "deadline": 0.3}
+                                 "deadline": 0.3, "asked_again": sorted(set(again))}
         c.submit_load(job(8, fresh[:16], list(range(16)), req4, load=True))
         t0 = time.monotonic()
         c.drain_jobs()

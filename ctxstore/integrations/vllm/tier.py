@@ -279,7 +279,7 @@ class CtxStoreTier(SecondaryTierManager):
         first = self._asked.setdefault(key, now)
         self._req_asked.setdefault(req_context.req_id, set()).add(key)
         if now - first >= self.config.lookup_deadline:
-            self._asked.pop(key, None)
+            # Kept until the answer comes: asked again meanwhile, the key is a MISS at once, not a new wait.
             self._count("lookup_deadline_misses")
             return LookupResult.MISS
         return LookupResult.RETRY
