@@ -8,7 +8,7 @@
     result = ns.restore(tokens, out=buf)    # straight into your buffer
 """
 
-from .core import AsyncContextStore, AsyncNamespace, Limits, RestoreResult, SaveResult, Timeouts
+from .core import AsyncContextStore, AsyncNamespace, Limits, QueryResult, RestoreResult, SaveResult, Timeouts
 from .errors import (
     AuthenticationError,
     ConfigurationError,
@@ -28,7 +28,7 @@ from .sync import ContextStore, Namespace
 __all__ = [
     "AsyncContextStore", "AsyncNamespace", "AuthenticationError", "ConfigurationError", "ContextStore",
     "ContextStoreError", "Fingerprint", "IntegrityError", "LimitExceeded", "Limits", "Namespace", "NoSuchBucket",
-    "NodeTimeout", "NodeUnavailable", "ProtocolError", "RestoreResult", "SaveResult", "ServerError", "SlowDown",
-    "Timeouts", "block_hashes",
+    "NodeTimeout", "NodeUnavailable", "ProtocolError", "QueryResult", "RestoreResult", "SaveResult", "ServerError",
+    "SlowDown", "Timeouts", "block_hashes",
 ]
 __version__ = "0.1.0"

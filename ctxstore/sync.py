@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .buffers import Destinations, Target
-from .core import AsyncContextStore, AsyncNamespace, RestoreResult, SaveResult, namespace_repr
+from .core import AsyncContextStore, AsyncNamespace, QueryResult, RestoreResult, SaveResult, namespace_repr
 from .lanes import LoopThread
 from .staging import ready
 
@@ -55,6 +55,9 @@ class ContextStore:
 
     def prefetch_located(self, bucket: str, keys: Sequence[str], found: Sequence[tuple[int, str] | None]) -> int:
         return self._loop.run(self._async.prefetch_located(bucket, keys, found))
+
+    def query(self, bucket: str, keys: Sequence[str], *, block_size: int = 0) -> QueryResult:
+        return self._loop.run(self._async.query(bucket, keys, block_size=block_size))
 
     def get_keys(self, bucket: str, keys: Sequence[str], destinations: Destinations, *,
                  pin: float = 0.0) -> list[Target | None]:
@@ -119,6 +122,9 @@ class Namespace:
 
     def prefetch(self, tokens: Sequence[int]) -> int:
         return self._loop.run(self._ns.prefetch(tokens))
+
+    def query(self, tokens: Sequence[int]) -> QueryResult:
+        return self._loop.run(self._ns.query(tokens))
 
     # Device tensors are marked with this thread's current stream here: the loop thread has another.
 
