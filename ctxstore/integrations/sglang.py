@@ -53,6 +53,8 @@ __all__ = ["CtxStoreHiCacheStorage", "DEFAULTS"]
 
 log = logging.getLogger("ctxstore.sglang")
 T = TypeVar("T")
+#: Seconds past a call's deadline that its cancellation may take before the call is abandoned.
+CANCEL_GRACE = 2.0
 
 #: Settings read from ``--hicache-storage-backend-extra-config`` (every other key is SGLang's or the factory's).
 DEFAULTS: dict[str, Any] = {
@@ -149,15 +151,22 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------------ plumbing
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float, default: T) -> T:
-        """Run on the client's loop thread, bounded; any failure or overrun is ``default`` (a miss)."""
+        """Run on the client's loop thread, bounded; any failure or overrun is ``default`` (a miss).
+
+        The deadline is enforced on the loop (``wait_for`` cancels the call and waits for it to end), so when this
+        returns, nothing writes into the host pool's pages any more: SGLang may reuse a failed page's slot at once.
+        Only a loop that does not answer at all is left behind, after :data:`CANCEL_GRACE` more seconds.
+        """
+        bounded = asyncio.wait_for(coro, timeout)
         try:
-            future = asyncio.run_coroutine_threadsafe(coro, self._loop.loop)
+            future = asyncio.run_coroutine_threadsafe(bounded, self._loop.loop)
         except Exception as exc:  # noqa: BLE001  (closed: a miss)
+            bounded.close()
             coro.close()
             log.warning("ctxstore HiCache: %s", exc)
             return default
         try:
-            return future.result(timeout)
+            return future.result(timeout + CANCEL_GRACE)
         except TimeoutError:
             future.cancel()
             self.counters["timeouts"] += 1

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from support import sglang_cpu
-from support.faultproxy import FaultProxy, flip
+from support.faultproxy import FaultProxy, Rule, flip
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node, start_node
 
 _REASON = sglang_cpu.load()
@@ -179,6 +179,27 @@ def test_a_corrupted_page_is_a_miss(node: Node) -> None:
             assert proxy.faults_applied("flip")
             assert got == [True] * 5 + [False] + [True] * 10
             assert store.store.metrics.counters["checksum_failures"] == 1
+        finally:
+            store.close()
+
+
+def test_nothing_lands_in_the_pool_after_a_load_gave_up(node: Node) -> None:
+    """A load past its deadline is False, and its late bytes never reach the host pool (SGLang reuses the slots)."""
+    pool = sglang_cpu.HostPool("page_first")
+    pool.fill_random(8)
+    late = Rule("delay", seconds=2.0, path="/get", times=1)  # the answer comes whole, 2 s late
+    with FaultProxy(("127.0.0.1", node.port), [late]) as proxy:
+        store = backend(proxy.address, pool, extra={"read_timeout": 5.0, "call_timeout": 0.5})
+        try:
+            ks = keys(8, salt="late")
+            assert store.batch_set_v1(ks, pool.indices(0, 8)) == [True] * 8
+            pool.kv_buffer[:, 8 * 4:16 * 4].zero_()
+            t0 = time.monotonic()
+            assert store.batch_get_v1(ks, pool.indices(8, 8)) == [False] * 8
+            assert time.monotonic() - t0 < 0.5 + 1.0
+            time.sleep(2.5)  # past the delayed answer
+            assert not pool.kv_buffer[:, 8 * 4:16 * 4].any()
+            assert store.batch_get_v1(ks, pool.indices(8, 8)) == [True] * 8  # the rule fired once
         finally:
             store.close()
 
