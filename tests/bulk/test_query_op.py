@@ -1,4 +1,4 @@
-"""The query op (server/bulk/query.py): what a node holds of a prompt's blocks, per tier. Tokens are cut and
+"""The bulk query op (server/bulk/query.py): what a node holds of a prompt's blocks, per tier. Tokens are cut and
 hashed by the node exactly as a client's namespace hashes them (every scheme, salted or not), keys and Dynamo's
 u64 hashes name the same blocks, a query is not a read (no hit, miss, LRU or TTL change), the blocks per query
 are capped, a tenant asks only of its own buckets, and each malformed request gets its own clear bulk error.
@@ -8,6 +8,7 @@ large blocks go to flash as they are written (``--disk-direct-size``), so which 
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import time
 from collections.abc import Iterator
@@ -66,7 +67,8 @@ def test_tokens_are_hashed_as_the_clients_namespace_hashes_them(inprocess: InPro
     keys = FP.block_hashes(tokens, scheme) if salted else block_hashes(tokens, BS, scheme)
     assert len(keys) == 10
     put(inprocess, bucket, {k: b"kv" for i, k in enumerate(keys) if i != 6})  # a hole at block 6
-    request = wire.QueryRequest(tokens=tokens, block_size=BS, scheme=scheme, fingerprint=FP.hexdigest() if salted else "")
+    request = wire.QueryRequest(tokens=tokens, block_size=BS, scheme=scheme,
+                                fingerprint=FP.hexdigest() if salted else "")
     answer = query(inprocess, bucket, request, 10)
     assert answer.tiers == [RAM] * 6 + [ABSENT] + [RAM] * 3
     assert (answer.prefix, answer.ram, answer.disk) == (6, 6, 0)
@@ -241,3 +243,15 @@ def test_round_trips_of_the_query_messages() -> None:
     assert wire.decode_query_response(head, 5) == answer
     with pytest.raises(wire.WireError):
         wire.decode_query_response({**head, "prefix": 4}, 5)
+
+
+def test_the_summary_is_the_prefixes_of_its_tiers() -> None:
+    for n in range(6):
+        for tiers in itertools.product((ABSENT, RAM, DISK), repeat=n):
+            prefix = next((i for i, t in enumerate(tiers) if t == ABSENT), n)
+            ram = next((i for i, t in enumerate(tiers) if t != RAM), n)
+            disk = sum(1 for t in tiers[:prefix] if t == DISK)
+            assert wire.query_summary(tiers) == wire.QueryResponse(prefix, ram, disk, list(tiers))
+    for tiers in ([3], [True], [-1], "x", [1.0]):
+        with pytest.raises(wire.WireError):
+            wire.decode_query_response({"v": 1, "prefix": 0, "ram": 0, "disk": 0, "tiers": tiers}, 1)
