@@ -94,19 +94,22 @@ class EventHub:
         self._timer: asyncio.Handle | None = None  # the pending run: a flush timer, or a call_soon
         self._soon = False
         self.zmq: ZmqPublisher | None = None
-        # The blocks' routes (tokens, parent, block size, salt), asked of clients only for the ZMQ publisher.
+        # The blocks' routes (tokens, parent, block size, salt), asked of clients only for the ZMQ publisher's
+        # vLLM-style events (llm-d's storage events carry none).
         self.routes: RouteBook | None = None
         if settings.events_zmq_pub:
             buckets = {b.strip() for b in settings.events_zmq_buckets.split(",") if b.strip()}
-            log_path = ""
-            if settings.disk:  # the blocks a restart recovers are announced with their routes again
-                os.makedirs(settings.disk, exist_ok=True)
-                log_path = os.path.join(settings.disk, LOG_NAME)
-            self.routes = RouteBook(log_path, reset=settings.disk_reset)
+            if settings.events_zmq_style == "vllm":
+                log_path = ""
+                if settings.disk:  # the blocks a restart recovers are announced with their routes again
+                    os.makedirs(settings.disk, exist_ok=True)
+                    log_path = os.path.join(settings.disk, LOG_NAME)
+                self.routes = RouteBook(log_path, reset=settings.disk_reset)
             self.zmq = ZmqPublisher(
                 settings.events_zmq_pub, settings.events_zmq_replay, topic=settings.events_zmq_topic,
                 fmt=settings.events_zmq_format, hashes=settings.events_zmq_hashes, medium=self.medium,
                 buckets=buckets or None, buffer_events=settings.events_buffer, routes=self.routes,
+                style=settings.events_zmq_style,
             )
         elif settings.events_zmq_replay:
             raise ValueError("events_zmq_replay needs events_zmq_pub: the replay socket serves what PUB sent")

@@ -1,5 +1,6 @@
 """The KV events as vLLM publishes them: a ZMQ PUB socket sending msgpack EventBatches
-(``[topic, seq u64 BE, payload]``) and vLLM's ROUTER replay protocol beside it."""
+(``[topic, seq u64 BE, payload]``) and vLLM's ROUTER replay protocol beside it; or, in the ``llm-d`` style, as
+llm-d's storage tier publishes them (``llmd_fs_backend.event_publisher.StorageEventPublisher``)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,28 @@ def routed_stored(hashes: list[Any], parent: Any, route: Route, medium: str | No
     return event
 
 
+def llmd_event(kind: str, hashes: list[int], medium: str) -> bytes:
+    """One event as llm-d's ``StorageEventPublisher`` packs it: a positional array, itself packed (the batch holds
+    it as msgpack bin): ``["BlockStored", hashes, 0, [], 0, None, medium]`` or ``["BlockRemoved", hashes,
+    medium]`` (llm-d/llm-d-kv-cache ``kv_connectors/llmd_fs_backend``; the storage tier knows no parent, tokens
+    or block size)."""
+    if kind == "BlockStored":
+        return pack(["BlockStored", hashes, 0, [], 0, None, medium])
+    if kind == "BlockRemoved":
+        return pack(["BlockRemoved", hashes, medium])
+    raise ValueError(kind)
+
+
+def llmd_topic(medium: str, model: str) -> bytes:
+    """llm-d's per-model topic, ``kv@<medium>@<model>`` (its indexer reads the model from the third part)."""
+    return f"kv@{medium}@{model}".encode()
+
+
+def llmd_batch(ts: float, events: list[bytes]) -> bytes:
+    """llm-d's storage batch: ``[ts, [event bytes, ...]]`` (no data-parallel rank)."""
+    return pack([ts, events])
+
+
 def vllm_batch(ts: float, events: list[Any], data_parallel_rank: int = 0) -> bytes:
     """An EventBatch: ``[ts, events, data_parallel_rank]`` (array_like, as every consumer decodes it)."""
     return pack([ts, events, data_parallel_rank])
@@ -100,11 +123,15 @@ class ZmqPublisher:
     ``[b"", seq, payload]`` for every buffered message with seq >= start_seq, then ``[b"", END_SEQ, b""]``."""
 
     def __init__(self, endpoint: str, replay_endpoint: str, *, topic: str, fmt: str, hashes: str, medium: str,
-                 buckets: set[str] | None, buffer_events: int, routes: RouteBook | None = None) -> None:
+                 buckets: set[str] | None, buffer_events: int, routes: RouteBook | None = None,
+                 style: str = "vllm") -> None:
         if fmt not in ("array", "map"):
             raise ValueError(f"events_zmq_format must be array or map, got {fmt!r}")
         if hashes not in ("key", "int", "bytes"):
             raise ValueError(f"events_zmq_hashes must be key, int or bytes, got {hashes!r}")
+        if style not in ("vllm", "llm-d"):
+            raise ValueError(f"events_zmq_style must be vllm or llm-d, got {style!r}")
+        self.style = style
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.topic = topic.encode()
@@ -114,7 +141,8 @@ class ZmqPublisher:
         self.buckets = buckets
         self.buffer_events = buffer_events
         self.routes = routes
-        self.seq = 0  # next message's sequence number
+        # next message's sequence number: vLLM's count from 0 (message 0 clears), llm-d's storage tier from 1
+        self.seq = 1 if style == "llm-d" else 0
         self.buffer: deque[tuple[int, bytes, int]] = deque()  # (seq, payload, events in it)
         self.buffered = 0
         self.sent = 0
@@ -142,10 +170,14 @@ class ZmqPublisher:
             self._task = asyncio.create_task(self._serve_replay())
         log.info("publishing KV events on %s (replay %s, topic %r)", self.endpoint,
                  self.replay_endpoint or "off", self.topic.decode())
-        self._send(time.time(), [vllm_event("AllBlocksCleared", [], None, self.fmt)])
+        if self.style == "vllm":  # llm-d's storage events have no clear (nor a topic it could go on)
+            self._send(self.topic, vllm_batch(time.time(), [vllm_event("AllBlocksCleared", [], None, self.fmt)]), 1)
 
     def publish(self, batch: list[Event], ts: float) -> None:
         if self._pub is None:
+            return
+        if self.style == "llm-d":
+            self._publish_llmd(batch, ts)
             return
         buckets, mode, fmt, routes = self.buckets, self.hashes, self.fmt, self.routes
         events: list[Any] = []
@@ -160,23 +192,42 @@ class ZmqPublisher:
                 events.append(vllm_event("BlockStored" if ev.type == STORED else "BlockRemoved",
                                          [block_hash(ev.key, mode)], ev.medium, fmt))
         if events:
-            self._send(ts, events)
+            self._send(self.topic, vllm_batch(ts, events), len(events))
 
-    def _send(self, ts: float, events: list[Any]) -> None:
+    def _publish_llmd(self, batch: list[Event], ts: float) -> None:
+        """One message per (medium, bucket) of the batch on topic ``kv@<medium>@<bucket>`` (the bucket stands for
+        the model), consecutive events of one kind merged into one event, as llm-d's storage publisher sends a
+        store's blocks."""
+        groups: dict[tuple[str, str], list[tuple[str, list[int]]]] = {}
+        for ev in batch:
+            if self.buckets is not None and ev.bucket not in self.buckets:
+                continue
+            kind = "BlockStored" if ev.type == STORED else "BlockRemoved"
+            h = block_hash(ev.key, "int")
+            assert isinstance(h, int)
+            runs = groups.setdefault((ev.medium, ev.bucket), [])
+            if runs and runs[-1][0] == kind:
+                runs[-1][1].append(h)
+            else:
+                runs.append((kind, [h]))
+        for (medium, bucket), runs in groups.items():
+            packed = [llmd_event(kind, hashes, medium) for kind, hashes in runs]
+            self._send(llmd_topic(medium, bucket), llmd_batch(ts, packed), sum(len(h) for _, h in runs))
+
+    def _send(self, topic: bytes, payload: bytes, n_events: int) -> None:
         import zmq
 
         seq = self.seq
         self.seq += 1
-        payload = vllm_batch(ts, events)
         try:
-            self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
+            self._pub.send_multipart([topic, seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
             self.sent += 1
         except zmq.ZMQError as exc:  # PUB drops rather than blocks; the message stays replayable either way
             self.dropped += 1
             if exc.errno != zmq.EAGAIN:
                 log.warning("publishing KV event batch %d failed: %s", seq, exc)
-        self.buffer.append((seq, payload, len(events)))
-        self.buffered += len(events)
+        self.buffer.append((seq, payload, n_events))
+        self.buffered += n_events
         while self.buffered > self.buffer_events and len(self.buffer) > 1:
             self.buffered -= self.buffer.popleft()[2]
 
