@@ -40,6 +40,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
     HiCacheStorageExtraInfo,
+    PoolTransferResult,
 )
 
 from ..buffers import Destinations, Scatter, Target, byte_view
@@ -315,6 +316,24 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
             log.warning("ctxstore HiCache: unusable pages: %s", exc)
             return False
         return all(self._put([self._key(k) for k in keys], blocks, time.perf_counter()))
+
+    # ------------------------------------------------------------------ hybrid models (interface v2)
+    # Side pools (Mamba states, SWA, DeepSeek V4's compressed pools) are not stored: a hybrid model's requests
+    # miss L3 and its backups report failure, rather than the base class's NotImplementedError ending SGLang's
+    # controller thread.
+
+    def batch_exists_v2(self, keys: list[str], pool_transfers: Any = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> Any:
+        if pool_transfers:
+            return PoolTransferResult.empty()
+        n = self.batch_exists(keys, extra_info)
+        return PoolTransferResult(n, {"kv": n} if n else {}, list(range(1, n + 1)))
+
+    def batch_get_v2(self, transfers: Any, extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        return {str(t.name): [False] * len(t.keys or []) for t in transfers}
+
+    def batch_set_v2(self, transfers: Any, extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        return {str(t.name): [False] * len(t.keys or []) for t in transfers}
 
     # ------------------------------------------------------------------ the rest
 

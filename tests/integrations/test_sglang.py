@@ -263,6 +263,24 @@ def test_nothing_raises_when_the_pod_is_unreachable() -> None:
     assert store.batch_exists(ks) == 0 and store.batch_get_v1(ks, pool.indices(0, 8)) == [False] * 8  # closed
 
 
+def test_hybrid_models_miss_instead_of_raising(node: Node) -> None:
+    """The v2 interface (side pools of hybrid models) is not stored: misses and failures, never an exception."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    pool = sglang_cpu.HostPool("page_first")
+    store = backend(addr(node), pool)
+    try:
+        ks = keys(4, salt="hybrid")
+        assert store.batch_set_v1(ks, pool.indices(0, 4)) == [True] * 4
+        assert store.batch_exists_v2(ks).kv_hit_pages == 4
+        mamba = PoolTransfer(name=PoolName.MAMBA, keys=ks[-1:], host_indices=pool.indices(0, 1))
+        assert store.batch_exists_v2(ks, [mamba]).kv_hit_pages == 0
+        assert store.batch_get_v2([mamba]) == {"mamba": [False]}
+        assert store.batch_set_v2([mamba]) == {"mamba": [False]}
+    finally:
+        store.close()
+
+
 def test_clear_deletes_what_it_stored(node: Node) -> None:
     pool = sglang_cpu.HostPool("page_first")
     store = backend(addr(node), pool)
