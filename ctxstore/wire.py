@@ -65,6 +65,8 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
+from itertools import chain
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -303,6 +305,8 @@ class PutRoute:
     tokens: list[list[int]]
     parents: list[str | None]
     salt: str | None = None
+    # As decoded by a node: every block's tokens as u32 in the machine's byte order, back to back (never sent).
+    packed: bytes | None = field(default=None, compare=False, repr=False)
 
     def select(self, idx: Sequence[int]) -> PutRoute:
         """The route of the keys at ``idx``."""
@@ -396,17 +400,19 @@ def _route(head: dict[str, Any], n_keys: int) -> PutRoute | None:
     tokens = head.get("tokens")
     if not isinstance(tokens, list) or len(tokens) != n_keys:
         raise WireError("'tokens' must be a list with one entry per key")
-    for block in tokens:
-        if not isinstance(block, list) or len(block) != block_size or not set(map(type, block)) <= {int} \
-                or (block and (min(block) < 0 or max(block) >= 1 << 32)):
-            raise WireError(f"each 'tokens' entry must be {block_size} token ids in [0, 2**32)")
+    try:  # one pass in C: a float, a negative or a token of 2**32 or more fails
+        if not set(map(type, tokens)) <= {list} or any(len(block) != block_size for block in tokens):
+            raise TypeError
+        packed = array("I", chain.from_iterable(tokens)).tobytes()
+    except (TypeError, OverflowError):
+        raise WireError(f"each 'tokens' entry must be {block_size} token ids in [0, 2**32)") from None
     parents = head.get("parents")
     if not isinstance(parents, list) or len(parents) != n_keys or not set(map(type, parents)) <= {str, type(None)}:
         raise WireError("'parents' must be a list with one key or nil per key")
     salt = head.get("salt")
     if salt is not None and not isinstance(salt, str):
         raise WireError("'salt' must be a string or nil")
-    return PutRoute(block_size, tokens, parents, salt)
+    return PutRoute(block_size, tokens, parents, salt, packed)
 
 
 # ---------------------------------------------------------------------------- responses

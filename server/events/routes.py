@@ -62,8 +62,10 @@ class RouteBook:
     def remember(self, bucket: str, keys: list[str], route: wire.PutRoute, which: list[int]) -> None:
         """The routes of ``keys[i]`` for every ``i`` in ``which`` (the blocks a put stored)."""
         added = []
+        packed, step = route.packed, 4 * route.block_size
         for i in which:
-            entry = Route(route.parents[i], self.pack_tokens(route.tokens[i]), route.block_size, route.salt)
+            tokens = packed[i * step:(i + 1) * step] if packed is not None else self.pack_tokens(route.tokens[i])
+            entry = Route(route.parents[i], tokens, route.block_size, route.salt)
             self.routes[(bucket, keys[i])] = entry
             added.append((bucket, keys[i], entry))
         if self._file is not None and added:

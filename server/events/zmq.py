@@ -71,12 +71,13 @@ def vllm_event(kind: str, hashes: list[Any], medium: str | None, fmt: str) -> li
     return {"type": kind, **dict(fields)}  # omit_defaults drops the defaulted fields of a map
 
 
-def routed_stored(hashes: list[Any], parent: Any, route: Route, medium: str | None, fmt: str) -> Any:
-    """A ``BlockStored`` a router's index credits: the block's hash, its parent's, its tokens and block size
-    (what Dynamo hashes into its radix tree), and, for a salted namespace, the salt as Dynamo's ``cache_salt``.
-    vLLM's struct has no field for the salt, so a salted block is always a map (Dynamo reads ``cache_salt``
-    only from a map; its positional decoder takes no salt there); unsalted ones follow ``fmt``."""
-    tokens = route.token_ids()
+def routed_stored(hashes: list[Any], parent: Any, tokens: list[int], route: Route, medium: str | None,
+                  fmt: str) -> Any:
+    """A ``BlockStored`` a router's index credits: the hashes of a run of chained blocks, the first one's
+    parent's, their tokens back to back and the block size (what Dynamo hashes into its radix tree), and, for a
+    salted namespace, the salt as Dynamo's ``cache_salt``. vLLM's struct has no field for the salt, so a
+    salted block is always a map (Dynamo reads ``cache_salt`` only from a map; its positional decoder takes no
+    salt there); unsalted ones follow ``fmt``."""
     if route.salt is None and fmt == "array":
         return ["BlockStored", hashes, parent, tokens, route.block_size, None, medium, None, None, None, None, None]
     event: dict[str, Any] = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
@@ -181,16 +182,30 @@ class ZmqPublisher:
             return
         buckets, mode, fmt, routes = self.buckets, self.hashes, self.fmt, self.routes
         events: list[Any] = []
+        # The run of chained blocks the last event holds: (bucket, last key, medium, route, hashes, tokens). A
+        # block whose parent is the run's last block joins it, so a save's blocks go as one event (as vLLM sends
+        # a step's blocks), its tokens back to back.
+        run: tuple[str, str, str, Route, list[Any], list[int]] | None = None
         for ev in batch:
             if buckets is not None and ev.bucket not in buckets:
                 continue
             route = routes.get(ev.bucket, ev.key) if routes is not None and ev.type == STORED else None
-            if route is not None:
-                parent = None if route.parent is None else block_hash(route.parent, mode)
-                events.append(routed_stored([block_hash(ev.key, mode)], parent, route, ev.medium, fmt))
-            else:
+            if route is None:
+                run = None
                 events.append(vllm_event("BlockStored" if ev.type == STORED else "BlockRemoved",
                                          [block_hash(ev.key, mode)], ev.medium, fmt))
+                continue
+            h = block_hash(ev.key, mode)
+            if run is not None and route.parent == run[1] and (ev.bucket, ev.medium, route.block_size, route.salt) \
+                    == (run[0], run[2], run[3].block_size, run[3].salt):
+                run[4].append(h)
+                run[5].extend(route.token_ids())
+                run = (ev.bucket, ev.key, ev.medium, route, run[4], run[5])
+                continue
+            parent = None if route.parent is None else block_hash(route.parent, mode)
+            hashes, tokens = [h], route.token_ids()
+            events.append(routed_stored(hashes, parent, tokens, route, ev.medium, fmt))
+            run = (ev.bucket, ev.key, ev.medium, route, hashes, tokens)
         if events:
             self._send(self.topic, vllm_batch(ts, events), len(events))
 

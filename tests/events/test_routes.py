@@ -45,11 +45,11 @@ def test_a_malformed_route_is_refused(bad: dict[str, Any]) -> None:
 
 def test_routed_stored_events_as_dynamo_reads_them() -> None:
     plain = events.Route("aa", events.RouteBook.pack_tokens([1, 2]), 2, None)
-    assert events.routed_stored([7], 5, plain, "CPU", "array") == \
+    assert events.routed_stored([7], 5, plain.token_ids(), plain, "CPU", "array") == \
         ["BlockStored", [7], 5, [1, 2], 2, None, "CPU", None, None, None, None, None]
     salted = plain._replace(salt="s")
     # Dynamo reads a salt only from a map event's `cache_salt`: a salted block is a map whatever the format.
-    assert events.routed_stored([7], None, salted, "DISK", "array") == {
+    assert events.routed_stored([7], None, [1, 2], salted, "DISK", "array") == {
         "type": "BlockStored", "block_hashes": [7], "parent_block_hash": None, "token_ids": [1, 2], "block_size": 2,
         "lora_id": None, "medium": "DISK", "lora_name": None, "cache_salt": "s"}
 
@@ -97,20 +97,46 @@ def test_a_save_carries_its_route_only_to_a_node_that_asks(tmp_path: Path) -> No
         keys = [int(k, 16) for k in ns.block_hashes(tokens)]
         stored: list[Any] = []
         deadline = time.monotonic() + 5
-        while len(stored) < 3:  # the routed node's three blocks (PUB may drop what came before the subscription)
-            assert time.monotonic() < deadline, f"no routed events: {stored}"
+        while not stored:  # the routed node's save (PUB may drop what came before the subscription)
+            assert time.monotonic() < deadline, "no routed events"
             if sub.poll(200):
                 _, _, payload = sub.recv_multipart()
                 stored += [e for e in msgpack.unpackb(payload)[1] if isinstance(e, dict)]
+        # The save's three chained blocks in one event, as Dynamo takes a run: the first one's parent, the
+        # tokens back to back, the namespace's salt.
         salt = ns.fingerprint.hexdigest()
         assert [(e["block_hashes"], e["parent_block_hash"], e["token_ids"], e["block_size"], e["medium"],
-                 e["cache_salt"]) for e in stored] == [
-            ([keys[0]], None, [0, 1, 2, 3], 4, "CPU", salt),
-            ([keys[1]], keys[0], [4, 5, 6, 7], 4, "CPU", salt),
-            ([keys[2]], keys[1], [8, 9, 10, 11], 4, "CPU", salt),
-        ]
+                 e["cache_salt"]) for e in stored] == [(keys, None, list(range(12)), 4, "CPU", salt)]
     finally:
         sub.close(linger=0)
         ctx.term()
         routed.stop()
         plain.stop()
+
+
+class _Socket:
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+        self.sent.append(frames)
+
+
+def test_a_run_of_chained_blocks_is_one_event_and_a_break_starts_another() -> None:
+    book = events.RouteBook()
+    book.remember("b", ["01", "02", "03", "09"], wire.PutRoute(1, [[1], [2], [3], [9]], [None, "01", "02", "07"]),
+                  [0, 1, 2, 3])
+    publisher = events.ZmqPublisher("", "", topic="t", fmt="array", hashes="int", medium="CPU", buckets=None,
+                                    buffer_events=100, routes=book)
+    publisher._pub = _Socket()
+    batch = [events.Event(i + 1, 0.0, events.STORED, "b", "", key, 1, 0.0, None, medium)
+             for i, (key, medium) in enumerate([("01", "CPU"), ("02", "CPU"), ("03", "DISK"), ("09", "DISK"),
+                                                ("05", "CPU")])]
+    publisher.publish(batch, 1.0)
+    (frames,) = publisher._pub.sent
+    assert msgpack.unpackb(frames[2])[1] == [
+        ["BlockStored", [1, 2], None, [1, 2], 1, None, "CPU", None, None, None, None, None],
+        ["BlockStored", [3], 2, [3], 1, None, "DISK", None, None, None, None, None],  # another medium
+        ["BlockStored", [9], 7, [9], 1, None, "DISK", None, None, None, None, None],  # not 03's child
+        ["BlockStored", [5], None, [], 0, None, "CPU", None, None, None, None, None],  # no route
+    ]
