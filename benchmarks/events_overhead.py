@@ -12,13 +12,17 @@ draining and counting what it publishes. Save: ``Namespace.save`` of a fresh 32k
 64 KiB (128 MiB; 16-token blocks, the ``dynamo`` scheme) in one call, deleted after each timed save outside the
 timed region; the two nodes alternate round by round. GB/s per save (10^9 bytes), median and p90; the ratio is
 the median over rounds of on/off. Events per second: for ``--burst`` seconds the client saves 2048-block
-prompts of 1 KiB blocks back to back to the publishing node, and the SUB socket counts the ``BlockStored``
-events that arrive (every one of them carrying its tokens) per second of the burst.
+prompts of 1 KiB blocks back to back to the publishing node, and the SUB socket counts the messages, the
+``BlockStored`` events (a save's chained blocks are one event) and the blocks they announce with their tokens,
+per second of the burst. Publisher ceiling: in this process, a ``ZmqPublisher`` bound to a loopback port with
+a SUB socket connected publishes hub batches of 1024 routed ``BlockStored`` events of unchained 16-token blocks
+(the worst case: one event per block, none joined) for ``--burst`` seconds; events per second of ``publish``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import random
 import statistics
@@ -34,14 +38,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import ACCESS, SECRET, Node, Processes, Variant, exit_on_sigterm, free_port, measure, pin_client, \
     source_state, today
 
-from ctxstore import ContextStore, Limits
+from ctxstore import ContextStore, Limits, wire
+from ctxstore_server import events
 
 BLOCK_TOKENS = 16
 PROMPT_BLOCKS = 2048
 
 
 class Counter(threading.Thread):
-    """A SUB socket on a node's publisher, counting the events it receives (and how many carry tokens)."""
+    """A SUB socket on a node's publisher, counting the messages and events it receives, the blocks they
+    announce, and how many of those carry tokens."""
 
     def __init__(self, endpoint: str) -> None:
         super().__init__(daemon=True)
@@ -50,7 +56,9 @@ class Counter(threading.Thread):
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.setsockopt(zmq.RCVHWM, 0)
         self.sub.connect(endpoint)
+        self.messages = 0
         self.events = 0
+        self.blocks = 0
         self.routed = 0
         self.stop = threading.Event()
 
@@ -59,16 +67,49 @@ class Counter(threading.Thread):
             if not self.sub.poll(100):
                 continue
             _, _, payload = self.sub.recv_multipart()
+            self.messages += 1
             for event in msgpack.unpackb(payload, raw=False)[1]:
                 self.events += 1
-                if isinstance(event, dict) and event.get("token_ids"):
-                    self.routed += 1
+                hashes, tokens = (event["block_hashes"], event.get("token_ids")) if isinstance(event, dict) \
+                    else (event[1], event[3] if len(event) > 3 else None)
+                self.blocks += len(hashes)
+                if tokens:
+                    self.routed += len(hashes)
 
     def close(self) -> None:
         self.stop.set()
         self.join()
         self.sub.close(linger=0)
         self.ctx.term()
+
+
+async def publisher_ceiling(seconds: float) -> tuple[int, float]:
+    """Routed events a publisher sends per second, one event per block (see the module docstring)."""
+    book = events.RouteBook()
+    keys = [f"{i:016x}" for i in range(1, 1025)]
+    book.remember("b", keys, wire.PutRoute(BLOCK_TOKENS, [list(range(BLOCK_TOKENS))] * len(keys),
+                                           [f"{0xffff0000 + i:016x}" for i in range(len(keys))], "salt"),
+                  list(range(len(keys))))
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    publisher = events.ZmqPublisher(endpoint, "", topic="kv-events", fmt="array", hashes="int", medium="CPU",
+                                    buckets=None, buffer_events=100_000, routes=book)
+    await publisher.start()
+    counter = Counter(endpoint)
+    counter.start()
+    batch = [events.Event(i, 0.0, events.STORED, "b", "", key, 1024, 0.0, None, "CPU") for i, key in enumerate(keys)]
+    sent = 0
+    busy = 0.0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        t0 = time.perf_counter()
+        publisher.publish(batch, time.time())
+        busy += time.perf_counter() - t0
+        sent += len(batch)
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.5)
+    counter.close()
+    await publisher.close()
+    return sent, busy
 
 
 def prompt(rng: random.Random, n_blocks: int) -> list[int]:
@@ -131,19 +172,24 @@ def main() -> None:
         # Events per second a node publishes: saves of small blocks back to back.
         ns = stores["on"].namespace("bench-events", model="m", block_size=BLOCK_TOKENS, scheme="dynamo")
         small = [memoryview(data[:1024])] * PROMPT_BLOCKS
-        before, routed_before = counter.events, counter.routed
+        before = (counter.messages, counter.events, counter.blocks, counter.routed)
         started = time.perf_counter()
         saved = 0
         while time.perf_counter() - started < args.burst:
             saved += ns.save(prompt(rng, PROMPT_BLOCKS), small).stored
         elapsed = time.perf_counter() - started
         time.sleep(0.5)  # the last batches (5 ms flush) arrive
-        got, routed = counter.events - before, counter.routed - routed_before
-        print(f"\nburst: {saved} blocks saved in {elapsed:.1f} s; {got} events received ({routed} with tokens): "
-              f"{got / elapsed:,.0f} events/s, {saved / elapsed:,.0f} blocks/s saved")
+        messages, got, blocks_in, routed = (now - was for now, was in zip(
+            (counter.messages, counter.events, counter.blocks, counter.routed), before, strict=True))
+        print(f"\nburst of 2048 × 1 KiB saves for {elapsed:.1f} s: {saved} blocks saved ({saved / elapsed:,.0f}/s); "
+              f"received {messages} messages, {got} BlockStored events, {blocks_in} blocks announced "
+              f"({blocks_in / elapsed:,.0f}/s; {routed} with their tokens)")
         counter.close()
         for store in stores.values():
             store.close()
+        sent, busy = asyncio.run(publisher_ceiling(args.burst))
+        print(f"publisher ceiling: {sent} routed events (one block each) in {busy:.2f} s of publish: "
+              f"{sent / busy:,.0f} events/s")
     finally:
         procs.stop()
 
