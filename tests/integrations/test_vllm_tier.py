@@ -89,4 +89,10 @@ def test_a_hung_node_costs_a_miss_within_the_deadline_and_drain_waits(report: di
     assert load["drain_s"] < 2.0 + 1.5 and not load["pending_after"]
     assert report["hang_second_lookup"]["answers"] == ["MISS"]
     assert report["hang_second_lookup"]["seconds"] < hang["deadline"] + 0.25
+    # The hung node marked down (by the load's timeout, and by lookups alone): the other node's chunks are HITs
+    # again, at once. 32 chunks over 2 nodes: P(all on one node) = 2**-31.
+    for name in ("hang_node_down_lookup", "hang_node_down_lookups_only_lookup"):
+        down = report[name]
+        assert down["hits"] > 0 and down["misses"] > 0 and down["seconds"] < hang["deadline"], (name, down)
+    assert report["hang_node_down_lookups_only_lookup"]["first"] == ["MISS"]
     assert report["stats"].get("vllm:kv_offload_ctxstore_lookup_deadline_misses", 0) >= 1

@@ -194,6 +194,7 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
     # A hung node (SIGSTOP): lookups of keys on it answer MISS once the deadline passed (RETRY until then,
     # never longer); a load from it fails within the call timeout; drain_jobs waits for it.
     c = make_tier(nodes, bucket, make_primary(None)[1], lookup_deadline=0.3)
+    d = make_tier(nodes, bucket, make_primary(None)[1], lookup_deadline=0.3)  # lookups only
     fresh = keys_of("hang", 32)
     a.submit_store(job(7, fresh, list(range(16)) * 2, req, load=False))
     report["hang_store_before"] = finish(a, {7})[7].success
@@ -209,6 +210,8 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         again = [c.lookup(k, req4b).name for k in fresh[16:]]
         report["hang_lookup"] = {"answers": sorted(set(answers)), "seconds": took, "steps": steps,
                                  "deadline": 0.3, "asked_again": sorted(set(again))}
+        # A load of keys whose lookups are still out (their batch waits behind the hung one): the failed
+        # chunks' mark_miss must leave those lookups to their own answers.
         c.submit_load(job(8, fresh[:16], list(range(16)), req4, load=True))
         t0 = time.monotonic()
         c.drain_jobs()
@@ -217,15 +220,26 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         report["hang_load"] = {"drain_s": drained, "reported_after_drain": 8 in results,
                                "success": results[8].success if 8 in results else None,
                                "pending_after": c.has_pending_work()}
-        t0 = time.monotonic()
         later = keys_of("hang-later", 8)
         answers, took, _ = resolve(c, later, ReqContext(req_id="r5"))
         report["hang_second_lookup"] = {"answers": sorted(set(answers)), "seconds": took}
+        # The lookups given up at the deadline ran on to the read timeout and marked the hung node down: the
+        # other node's chunks are HITs again, at once (c: after its failed load too; d: lookups alone).
+        for r in (req4, req4b):
+            c.on_request_finished(r)
+        d_first = resolve(d, fresh, ReqContext(req_id="d1"))[0]
+        d.on_request_finished(ReqContext(req_id="d1"))
+        time.sleep(1.5)
+        for name, tier in (("", c), ("lookups_only_", d)):
+            answers, took, _ = resolve(tier, fresh, ReqContext(req_id="r6"))
+            report[f"hang_node_down_{name}lookup"] = {"hits": answers.count("HIT"),
+                                                      "misses": answers.count("MISS"), "seconds": took}
+        report["hang_node_down_lookups_only_lookup"]["first"] = sorted(set(d_first))
     finally:
         os.kill(hang_pid, signal.SIGCONT)
     stats = c.get_stats()
     report["stats"] = stats.reduce() if stats is not None else {}
-    for tier in (a, b, c):
+    for tier in (a, b, c, d):
         tier.shutdown()
     return report
 

@@ -167,6 +167,15 @@ class _Lookups(AsyncLookupManager):
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
         return self._tier._batch_lookup(keys)
 
+    def mark_miss(self, keys: Collection[OffloadKey]) -> None:
+        """vLLM's ``mark_miss``, except for keys whose lookup is still out: their answer is on its way, and vLLM's
+        ``drain_results`` asserts that an answered key was in flight (the assertion would drop the rest of
+        that batch's answers, leaving their keys waiting forever)."""
+        from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase
+
+        super().mark_miss([k for k in keys if (state := self._lookup_state.get(k)) is None
+                           or state.phase is not LookupPhase.IN_FLIGHT])
+
 
 class CtxStoreTier(SecondaryTierManager):
     """A secondary tier of vLLM's ``TieringOffloadingSpec`` backed by a ctxstore pod."""
@@ -248,14 +257,15 @@ class CtxStoreTier(SecondaryTierManager):
     # ------------------------------------------------------------------------------------------ lookups
 
     def _batch_lookup(self, keys: list[OffloadKey]) -> list[bool]:
-        """On the lookup manager's thread: one bulk lookup per node, given up at the lookup deadline."""
+        """On the lookup manager's thread: one bulk lookup per node, given up (all misses) at the lookup deadline.
+        A call given up is left to end on the client's loop: a node that does not answer within the read timeout
+        is marked down there, and later lookups leave its keys out (misses) while the others answer."""
         started = time.monotonic()
         names = [self.object_key(k) for k in keys]
         future = self.client.submit(self.client.store.lookup_keys(self.config.bucket, names))
         try:
             sizes = future.result(self.config.lookup_deadline)
         except Exception as exc:  # noqa: BLE001  (timeout or failure: misses)
-            future.cancel()
             log.warning("ctxstore tier: lookup of %d keys failed: %r", len(keys), exc)
             self._count("lookup_errors")
             sizes = []
