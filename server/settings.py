@@ -236,10 +236,12 @@ class Settings:
                 "What ZMQ `block_hashes` carry: the key's last path segment read as hex, low 64 bits (`int`: "
                 "Dynamo, llm-d, vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES), the key (`key`: Dynamo cannot "
                 "decode it), or that hex as bytes (`bytes`, vLLM's default).")
-    events_zmq_style: str = setting("vllm", choice("vllm", "llm-d"), "CTXSTORE_EVENTS_ZMQ_STYLE",
+    events_zmq_style: str = setting("vllm", choice("vllm", "llm-d", "mooncake"), "CTXSTORE_EVENTS_ZMQ_STYLE",
                 "`vllm`: vLLM's KV-event batches on --events-zmq-topic, with each saved block's tokens, parent and "
                 "block size (Dynamo's indexer credits them). `llm-d`: as llm-d's storage tier publishes them "
-                "(llmd_fs_backend): topic kv@<medium>@<bucket>, positional events, hashes' low 64 bits (docs/events.md).")
+                "(llmd_fs_backend): topic kv@<medium>@<bucket>, positional events, hashes' low 64 bits. "
+                "`mooncake`: the envelope of Mooncake's KV-event RFC #1527 (object key, tenant) that Dynamo's "
+                "shared KV cache subscriber reads (docs/events.md).")
     events_zmq_buckets: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_BUCKETS",
                 "Comma-separated buckets the ZMQ publisher reports (empty: all).")
 

@@ -11,11 +11,13 @@ from .model import REMOVED, STORED, STREAM_CONTENT_TYPE, Event, decode_frames, e
 from .routes import Route, RouteBook
 from .stream import SNAPSHOT_PATH, EventStream
 from .zmq import (
-    END_SEQ, ZmqPublisher, block_hash, llmd_batch, llmd_event, llmd_topic, routed_stored, vllm_batch, vllm_event,
+    END_SEQ, ZmqPublisher, block_hash, llmd_batch, llmd_event, llmd_topic, mooncake_batch, mooncake_event,
+    routed_stored, vllm_batch, vllm_event,
 )
 
 __all__ = [
     "END_SEQ", "EVENTS_PATH", "REMOVED", "SNAPSHOT_PATH", "STORED", "STREAM_CONTENT_TYPE", "Event", "EventHub",
     "EventStream", "Route", "RouteBook", "ZmqPublisher", "block_hash", "decode_frames", "encode_event",
-    "llmd_batch", "llmd_event", "llmd_topic", "routed_stored", "vllm_batch", "vllm_event",
+    "llmd_batch", "llmd_event", "llmd_topic", "mooncake_batch", "mooncake_event", "routed_stored", "vllm_batch",
+    "vllm_event",
 ]

@@ -1,6 +1,8 @@
 """The KV events as vLLM publishes them: a ZMQ PUB socket sending msgpack EventBatches
 (``[topic, seq u64 BE, payload]``) and vLLM's ROUTER replay protocol beside it; or, in the ``llm-d`` style, as
-llm-d's storage tier publishes them (``llmd_fs_backend.event_publisher.StorageEventPublisher``)."""
+llm-d's storage tier publishes them (``llmd_fs_backend.event_publisher.StorageEventPublisher``); or, in the
+``mooncake`` style, in the envelope of Mooncake's KV-event RFC (kvcache-ai/Mooncake#1527) that Dynamo's shared
+KV cache subscriber reads for a pod-level store."""
 
 from __future__ import annotations
 
@@ -110,6 +112,18 @@ def llmd_batch(ts: float, events: list[bytes]) -> bytes:
     return pack([ts, events])
 
 
+def mooncake_event(kind: str, key: str, tenant: str) -> dict[str, Any]:
+    """One object event of the Mooncake envelope, by the names of Dynamo's ``MooncakeObjectEvent``
+    (lib/llm/src/kv_router, the SGLang HiCache shared cache): ``stored`` or ``removed``, the object key, the
+    tenant, no group."""
+    return {"event_type": kind, "object_key": key, "tenant_id": tenant, "group_id": None}
+
+
+def mooncake_batch(ts: float, events: list[dict[str, Any]], data_parallel_rank: int = 0) -> bytes:
+    """The Mooncake envelope's payload: ``(timestamp_ms, events, dp_rank)`` (i64, list, u32)."""
+    return pack([int(ts * 1000), events, data_parallel_rank])
+
+
 def vllm_batch(ts: float, events: list[Any], data_parallel_rank: int = 0) -> bytes:
     """An EventBatch: ``[ts, events, data_parallel_rank]`` (array_like, as every consumer decodes it)."""
     return pack([ts, events, data_parallel_rank])
@@ -130,8 +144,8 @@ class ZmqPublisher:
             raise ValueError(f"events_zmq_format must be array or map, got {fmt!r}")
         if hashes not in ("key", "int", "bytes"):
             raise ValueError(f"events_zmq_hashes must be key, int or bytes, got {hashes!r}")
-        if style not in ("vllm", "llm-d"):
-            raise ValueError(f"events_zmq_style must be vllm or llm-d, got {style!r}")
+        if style not in ("vllm", "llm-d", "mooncake"):
+            raise ValueError(f"events_zmq_style must be vllm, llm-d or mooncake, got {style!r}")
         self.style = style
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
@@ -171,7 +185,7 @@ class ZmqPublisher:
             self._task = asyncio.create_task(self._serve_replay())
         log.info("publishing KV events on %s (replay %s, topic %r)", self.endpoint,
                  self.replay_endpoint or "off", self.topic.decode())
-        if self.style == "vllm":  # llm-d's storage events have no clear (nor a topic it could go on)
+        if self.style == "vllm":  # llm-d's and Mooncake's have no clear: a consumer sees the new process by its seq
             self._send(self.topic, vllm_batch(time.time(), [vllm_event("AllBlocksCleared", [], None, self.fmt)]), 1)
 
     def publish(self, batch: list[Event], ts: float) -> None:
@@ -179,6 +193,12 @@ class ZmqPublisher:
             return
         if self.style == "llm-d":
             self._publish_llmd(batch, ts)
+            return
+        if self.style == "mooncake":  # the RFC's envelope: an empty topic, the events by key and tenant
+            objects = [mooncake_event("stored" if ev.type == STORED else "removed", ev.key, ev.tenant)
+                       for ev in batch if self.buckets is None or ev.bucket in self.buckets]
+            if objects:
+                self._send(b"", mooncake_batch(ts, objects), len(objects))
             return
         buckets, mode, fmt, routes = self.buckets, self.hashes, self.fmt, self.routes
         events: list[Any] = []
