@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from . import wire
 from .buffers import Destinations, Target
 from .core import AsyncContextStore, AsyncNamespace, QueryResult, RestoreResult, SaveResult, namespace_repr
 from .lanes import LoopThread
@@ -64,8 +65,9 @@ class ContextStore:
         return self._loop.run(self._async.get_keys(bucket, keys, destinations, pin=pin))
 
     def put_keys(self, bucket: str, keys: Sequence[str], blocks: Sequence[memoryview], *,
-                 ttl: float | None = None, if_absent: bool = True) -> SaveResult:
-        return self._loop.run(self._async.put_keys(bucket, keys, blocks, ttl=ttl, if_absent=if_absent))
+                 ttl: float | None = None, if_absent: bool = True,
+                 route: wire.PutRoute | None = None) -> SaveResult:
+        return self._loop.run(self._async.put_keys(bucket, keys, blocks, ttl=ttl, if_absent=if_absent, route=route))
 
     def get_keys_staged(self, bucket: str, keys: Sequence[str], out: Any, *, pin: float = 0.0) -> list[int]:
         return self._loop.run(self._async.get_keys_staged(bucket, keys, ready(out), pin=pin))
