@@ -36,7 +36,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     with serving([start_node(tmp, "--memory", "128MiB", "--default-ttl", "1h", wait=False)
                   for _ in range(2)]) as nodes:
         hung: Node = nodes[1]
-        env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
                "PYTHONWARNINGS": "ignore", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         try:
             out = subprocess.run([str(VLLM_PYTHON), str(DRIVER), ",".join(n.endpoint for n in nodes),
@@ -52,6 +52,9 @@ def test_vllm_loads_the_tier_out_of_tree_and_namespaces_it(report: dict[str, Any
     assert report["tier_class"] == "ctxstore.integrations.vllm.tier.CtxStoreTier"
     assert report["same_namespace"]  # two vLLMs of one model find each other's chunks
     assert report["other_model_namespace_differs"]
+    refused = report["refused"]
+    assert refused["unknown option"].startswith("ConfigurationError") and "nodez" in refused["unknown option"]
+    assert refused["random hash seed"].startswith("ConfigurationError")  # no PYTHONHASHSEED in the child
 
 
 def test_chunks_round_trip_byte_exact_between_two_primaries(report: dict[str, Any]) -> None:

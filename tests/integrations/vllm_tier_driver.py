@@ -131,6 +131,14 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
     report["other_model_namespace_differs"] = (
         other.keyspace.namespace() != a.keyspace.namespace())  # type: ignore[attr-defined]
     other.shutdown()
+    refused: dict[str, str] = {}
+    for name, options in (("unknown option", {"nodez": nodes}), ("random hash seed", {"hash_algo": "xxhash"})):
+        try:
+            make_tier(nodes, bucket, make_primary(None)[1], **options).shutdown()
+            refused[name] = ""
+        except Exception as exc:  # noqa: BLE001
+            refused[name] = f"{type(exc).__name__}: {exc}"
+    report["refused"] = refused
     req = ReqContext(req_id="r1")
 
     # Round trip: A stores 8 chunks; B finds them by lookup and loads them into other rows, byte for byte.

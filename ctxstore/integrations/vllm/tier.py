@@ -103,7 +103,9 @@ class TierConfig:
     bucket: str = "vllm-tier"
     model: str | None = None  # the namespace's model id (default: vLLM's model name)
     revision: str = ""
-    hash_algo: str | None = None  # vLLM's --prefix-caching-hash-algo (default: read from vLLM's config, else sha256)
+    # vLLM's --prefix-caching-hash-algo: a tier sees only vLLM's offloading config, which does not carry it (default:
+    # vLLM's config where it is current in this process, else vLLM's default, sha256)
+    hash_algo: str | None = None
     ttl: float | None = None  # of stored chunks (default: the bucket's, else the node's)
     lookup_deadline: float = 0.5  # after this long from a key's first lookup the answer is MISS
     connect_timeout: float = 0.5
