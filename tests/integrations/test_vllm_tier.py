@@ -36,8 +36,9 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     with serving([start_node(tmp, "--memory", "128MiB", "--default-ttl", "1h", wait=False)
                   for _ in range(2)]) as nodes:
         hung: Node = nodes[1]
-        env = {**{k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
-               "PYTHONWARNINGS": "ignore", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # vLLM's hash seed: the default
+        env.update({"CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
+                    "PYTHONWARNINGS": "ignore", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
         try:
             out = subprocess.run([str(VLLM_PYTHON), str(DRIVER), ",".join(n.endpoint for n in nodes),
                                   "tier-" + secrets.token_hex(4), "--hang-pid", str(hung.proc.pid)],
