@@ -102,7 +102,7 @@ def run_engine(args: argparse.Namespace, run: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "engine", "--run", run, "--model", args.model, "--nodes", args.nodes,
            "--prompt-tokens", str(args.prompt_tokens), "--max-tokens", str(args.max_tokens),
            "--cpu-bytes", str(args.cpu_bytes)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1200)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if done.returncode != 0 or line is None:
         raise SystemExit(f"run {run} failed ({done.returncode}):\n{done.stderr[-4000:]}")

@@ -25,7 +25,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from botocore.config import Config
 from conftest import Node
 from support.nodes import make_client
 from support.probes import Admin, start_probed_node
