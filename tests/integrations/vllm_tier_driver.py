@@ -1,8 +1,8 @@
 """The ctxstore secondary tier driven directly, for tests/integrations/test_vllm_tier.py; run by the vLLM venv's
-python (vLLM's tiering spec refuses CPU workers, so no engine is started: the tier is made by vLLM's own
-``SecondaryTierFactory`` from its out-of-tree config, over a ``memoryview`` primary, with a real
-``OffloadingSpec`` of a real ``OffloadingConfig``, and fed synthetic ``TransferJob``\\ s as vLLM's
-``TieringOffloadingManager`` would).
+python. vLLM's tiering spec refuses CPU workers, so no engine is started: the tier is made by vLLM's own
+``SecondaryTierFactory`` from its out-of-tree config, over a primary tier's ``memoryview`` made by vLLM's own
+``SharedOffloadRegion``, with a real ``OffloadingSpec`` of a real ``OffloadingConfig``, and fed synthetic
+``TransferJob``\\ s as vLLM's ``TieringOffloadingManager`` would.
 
 ``python vllm_tier_driver.py NODES BUCKET --hang-pid PID``
     Runs every case against the pod at NODES (comma-separated), SIGSTOPs PID (one of the nodes) for the hang
@@ -64,10 +64,22 @@ def make_spec(model: str = "ctxstore-test/tier") -> Spec:
     return Spec(config)
 
 
-def make_primary(seed: int | None) -> tuple[bytearray, memoryview]:
-    """A primary tier as vLLM's: a (chunks, chunk bytes) view over one buffer; random rows, or zeros."""
-    raw = bytearray(random.Random(seed).randbytes(N_CHUNKS * CHUNK) if seed is not None else N_CHUNKS * CHUNK)
-    return raw, memoryview(raw).cast("B", (N_CHUNKS, CHUNK))
+REGIONS: list[Any] = []  # every primary's shared-memory region, removed at the end
+
+
+def make_primary(seed: int | None) -> tuple[memoryview, memoryview]:
+    """A primary tier's view as vLLM makes it (``SharedOffloadRegion.create_kv_memoryview``: (chunks, chunk
+    bytes) of int8 over a /dev/shm mapping) and a flat byte view of it; random rows, or zeros."""
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    region = SharedOffloadRegion(engine_id=f"ctxstore-tier-test-{os.getpid()}-{len(REGIONS)}", num_chunks=N_CHUNKS,
+                                 rank=None, kv_bytes_per_chunk=CHUNK, cpu_page_size=CHUNK)
+    REGIONS.append(region)
+    view = region.create_kv_memoryview()
+    flat = view.cast("B")
+    if seed is not None:
+        flat[:] = random.Random(seed).randbytes(N_CHUNKS * CHUNK)
+    return flat, view
 
 
 def make_tier(nodes: str, bucket: str, primary: memoryview, **options: Any) -> SecondaryTierManager:
@@ -113,7 +125,7 @@ def job(job_id: int, keys: list[Any], chunks: list[int], req: ReqContext, *, loa
                        req_context=req)
 
 
-def rows(raw: bytearray, chunks: list[int]) -> list[bytes]:
+def rows(raw: memoryview, chunks: list[int]) -> list[bytes]:
     return [bytes(raw[c * CHUNK:(c + 1) * CHUNK]) for c in chunks]
 
 
@@ -258,7 +270,11 @@ def main() -> None:
     parser.add_argument("bucket")
     parser.add_argument("--hang-pid", type=int, required=True)
     args = parser.parse_args()
-    print("REPORT " + json.dumps(run(args.nodes, args.bucket, args.hang_pid)), flush=True)
+    try:
+        print("REPORT " + json.dumps(run(args.nodes, args.bucket, args.hang_pid)), flush=True)
+    finally:
+        for region in REGIONS:
+            region.cleanup()
 
 
 if __name__ == "__main__":
