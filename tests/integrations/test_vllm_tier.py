@@ -51,6 +51,11 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 def test_vllm_loads_the_tier_out_of_tree_and_namespaces_it(report: dict[str, Any]) -> None:
     assert report["tier_class"] == "ctxstore.integrations.vllm.tier.CtxStoreTier"
+    # Declared to vLLM (its Prometheus definitions) as the names get_stats reports them under.
+    assert "vllm:kv_offload_ctxstore_lookup_deadline_misses" in report["metric_definitions"]
+    assert "vllm:kv_offload_ctxstore_lookup_seconds" in report["metric_definitions"]
+    assert set(report["stats"]) - {f"{m}_count" for m in report["metric_definitions"]} \
+        - {f"{m}_sum" for m in report["metric_definitions"]} <= set(report["metric_definitions"])
     assert report["same_namespace"]  # two vLLMs of one model find each other's chunks
     assert report["other_model_namespace_differs"]
     refused = report["refused"]

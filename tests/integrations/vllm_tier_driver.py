@@ -136,6 +136,7 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
     a = make_tier(nodes, bucket, primary_a)
     b = make_tier(nodes, bucket, primary_b)  # another vLLM: its own primary, the same pod
     report["tier_class"] = type(a).__module__ + "." + type(a).__name__
+    report["metric_definitions"] = sorted(type(a).build_metric_definitions({}))
     report["same_namespace"] = a.keyspace.namespace() == b.keyspace.namespace()  # type: ignore[attr-defined]
     other = SecondaryTierFactory.create_secondary_tier(
         {"type": "CtxStoreTier", "module_path": "ctxstore.integrations.vllm.tier", "nodes": nodes,

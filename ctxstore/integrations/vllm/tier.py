@@ -13,8 +13,8 @@ vLLM keeps offloaded chunks in a CPU primary tier and cascades them to secondary
 * ``lookup`` answers from batched lookups (vLLM's ``AsyncLookupManager``: the step's keys are flushed in
   ``on_schedule_end`` as one bulk ``lookup`` per node, on the manager's thread). Until the answer is in it says
   RETRY — for at most ``lookup_deadline`` seconds from the key's first lookup, after which the answer is MISS (the
-  batch call itself is abandoned at that deadline too): a slow or hung node costs a recompute, never a stalled
-  request.
+  lookup thread stops waiting for the batch at that deadline too; the call runs on to the read timeout, which
+  marks a hung node down): a slow or hung node costs a recompute, never a stalled request.
 * ``submit_store`` / ``submit_load`` hand a ``TransferJob`` to the client's event loop: one bulk ``put`` / ``get``
   per node between the job's primary-tier rows (``primary_kv_view``, no copy) and the pod. ``get_finished_jobs``
   reports each job once it ended: ``JobResult(success=False)`` for any chunk that was not stored, or did not come
@@ -159,8 +159,8 @@ def tier_keyspace(offloading_spec: OffloadingSpec, chunk_bytes: int, config: Tie
 
 
 class _Lookups(AsyncLookupManager):
-    """vLLM's batched lookups: one bulk lookup per node for a request's keys of a step, abandoned (all misses)
-    at the tier's lookup deadline."""
+    """vLLM's batched lookups: one bulk lookup per node for a request's keys of a step, all misses if it has not
+    answered by the tier's lookup deadline."""
 
     def __init__(self, tier: CtxStoreTier) -> None:
         self._tier = tier
@@ -192,7 +192,9 @@ class CtxStoreTier(SecondaryTierManager):
         self.keyspace = tier_keyspace(offloading_spec, self.block_size_bytes, self.config)
         self._namespace = self.keyspace.namespace()
         n_chunks = len(primary_kv_view)
-        self._rows = primary_kv_view.cast("B") if primary_kv_view.ndim > 1 else primary_kv_view
+        # Bytes, flat: vLLM's view is (chunks, chunk bytes) of int8.
+        flat = primary_kv_view.ndim == 1 and primary_kv_view.format == "B"
+        self._rows = primary_kv_view if flat else primary_kv_view.cast("B")
         if len(self._rows) < n_chunks * self.block_size_bytes:
             raise ConfigurationError("primary_kv_view is not one contiguous buffer of chunks")
         self.events: list[OffloadingEvent] | None = None
