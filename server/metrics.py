@@ -161,7 +161,7 @@ def body_bytes(req: Request) -> int:
 
 
 class StoreCollector(Collector):
-    """Engine gauges and counters, read from ``engine.stats()`` at scrape time (nothing on the data path)."""
+    """Engine gauges and counters, read from ``engine.operator.stats()`` at scrape time (nothing on the data path)."""
 
     BUCKET_LEVELS = (  # stats key, metric name, help
         ("objects", "ctxstore_bucket_objects", "Live objects in the bucket."),
@@ -255,7 +255,7 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         node = self.node
-        stats = node.engine.stats()
+        stats = node.engine.operator.stats()
         families = self._families()
         for name, counters in sorted(stats["buckets"].items()):
             labels = [name, node.engine.owner_of(name) or ""]

@@ -136,7 +136,7 @@ class PodView:
             if entry["ok"]:
                 buckets.append(stats.data.get("buckets") or {})
         if not any(e["self"] for e in entries):
-            raw = self.node.engine.stats()
+            raw = self.node.engine.operator.stats()
             entries.insert(0, self._own_entry(raw))
             buckets.insert(0, raw.get("buckets") or {})
         up = [e["stats"] for e in entries if e["ok"]]

@@ -50,17 +50,17 @@ def info(node: Node) -> dict[str, Any]:
         "draining": node.draining,
         "settings": node.settings.as_dict(),
         "budget": node.engine.config.budget,
-        "used": node.engine.used,
+        "used": node.engine.budget.used,
     }
 
 
 def stats(node: Node, reset: bool = False) -> dict[str, Any]:
     """Global and per-bucket counters; ``reset=true`` zeroes the counters after reading them."""
-    return node.engine.stats(reset=reset)
+    return node.engine.operator.stats(reset=reset)
 
 
 def buckets(node: Node) -> list[dict[str, Any]]:
-    return node.engine.bucket_summaries()
+    return node.engine.operator.bucket_summaries()
 
 
 def set_policy(node: Node, bucket: str, policy: BucketPolicy) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def set_settings(node: Node, body: SettingsUpdate) -> dict[str, Any]:
     for name, value in (("default_ttl", default_ttl), ("max_ttl", max_ttl), ("memory", memory)):
         if value is not None and not value > 0:
             raise HTTPException(422, f"{name} must be positive")
-    result = node.engine.set_limits(budget=memory, default_ttl=default_ttl, max_ttl=max_ttl)
+    result = node.engine.operator.set_limits(budget=memory, default_ttl=default_ttl, max_ttl=max_ttl)
     if memory is not None:
         node.settings.memory = memory
     if default_ttl is not None:

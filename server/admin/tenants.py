@@ -15,7 +15,7 @@ from ..node import NodeState
 def list_tenants(node: NodeState) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for e in node.tenants.entries():
-        quota, charged = node.engine.tenant_usage(e.credentials.tenant)
+        quota, charged = node.engine.budget.tenant_usage(e.credentials.tenant)
         out.append({"tenant": e.credentials.tenant, "access_key": e.credentials.access_key, "enabled": e.enabled,
                     "quota": quota, "charged": charged})
     return out
@@ -44,7 +44,7 @@ def create_tenant_key(node: NodeState, tenant: str, quota: int | None = None, ac
     if quota is not None:
         node.engine.set_tenant_quota(tenant, quota)
     return {"tenant": tenant, "access_key": access_key, "secret_key": secret_key,
-            "quota": node.engine.tenant_usage(tenant)[0]}
+            "quota": node.engine.budget.tenant_usage(tenant)[0]}
 
 
 def update_tenant_key(node: NodeState, access_key: str, *, enabled: bool | None,
@@ -58,7 +58,7 @@ def update_tenant_key(node: NodeState, access_key: str, *, enabled: bool | None,
     if quota is not None:
         node.engine.set_tenant_quota(entry.credentials.tenant, quota)
     return {"tenant": entry.credentials.tenant, "access_key": access_key, "enabled": entry.enabled,
-            "quota": node.engine.tenant_usage(entry.credentials.tenant)[0]}
+            "quota": node.engine.budget.tenant_usage(entry.credentials.tenant)[0]}
 
 
 def delete_tenant_key(node: NodeState, access_key: str) -> dict[str, object]:

@@ -32,7 +32,7 @@ async def lookup(call: BulkCall) -> Reply:
     codes = None if tiers is None else list(map(_TIER_CODES.__getitem__, tiers))
     if request.pin:
         keys = [key for key, size in zip(request.keys, sizes, strict=True) if size >= 0]
-        call.engine.pin(call.tenant, call.bucket, keys, request.pin)
+        call.engine.store.pin(call.tenant, call.bucket, keys, request.pin)
     return frame_reply(wire.encode_lookup_response(wire.LookupResponse(wire.prefix_length(sizes), sizes, codes)))
 
 
@@ -49,18 +49,18 @@ async def get(call: BulkCall) -> Reply:
         expires=[0.0 if obj is None else obj.expires_at for obj in objects],
     )
     for obj in present:
-        call.engine.record_read(obj, obj.size)
+        call.engine.store.record_read(obj, obj.size)
     # obj.data is never mutated once committed; holding it keeps it whole even if the object is evicted, and
     # the lease keeps it counted against the budget until the send ends.
     reply = frame_reply(wire.encode_get_head(head), [obj.data for obj in present if obj.size])
-    reply.after.extend(call.engine.lease(obj) for obj in present)
+    reply.after.extend(call.engine.store.lease(obj) for obj in present)
     return reply
 
 
 def _pin_present(call: BulkCall, request: wire.KeysRequest, objects: Sequence[StoredObject | None]) -> None:
     if request.pin:
         keys = [key for key, obj in zip(request.keys, objects, strict=True) if obj is not None]
-        call.engine.pin(call.tenant, call.bucket, keys, request.pin)
+        call.engine.store.pin(call.tenant, call.bucket, keys, request.pin)
 
 
 def _count(n: int) -> Reply:
@@ -71,22 +71,22 @@ async def touch(call: BulkCall) -> Reply:
     request = await call.keys_request("touch")
     if request.ttl is not None and not request.ttl > 0:
         raise BulkError("InvalidArgument", "'ttl' must be positive (or nil for each object's own TTL)")
-    return _count(call.engine.touch(call.tenant, call.bucket, request.keys, request.ttl))
+    return _count(call.engine.store.touch(call.tenant, call.bucket, request.keys, request.ttl))
 
 
 async def pin(call: BulkCall) -> Reply:
     request = await call.keys_request("pin")
-    return _count(call.engine.pin(call.tenant, call.bucket, request.keys, request.seconds))
+    return _count(call.engine.store.pin(call.tenant, call.bucket, request.keys, request.seconds))
 
 
 async def unpin(call: BulkCall) -> Reply:
     request = await call.keys_request("unpin")
-    return _count(call.engine.unpin(call.tenant, call.bucket, request.keys))
+    return _count(call.engine.store.unpin(call.tenant, call.bucket, request.keys))
 
 
 async def delete(call: BulkCall) -> Reply:
     request = await call.keys_request("delete")
-    return _count(sum(call.engine.delete(call.tenant, call.bucket, key) for key in request.keys))
+    return _count(sum(call.engine.store.delete(call.tenant, call.bucket, key) for key in request.keys))
 
 
 async def prefetch(call: BulkCall) -> Reply:

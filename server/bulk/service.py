@@ -65,7 +65,7 @@ class BulkService:
                             "UNSIGNED-PAYLOAD (blocks carry their own XXH3-64) or the body's SHA-256")
         call = BulkCall(req, auth, bucket, self.engine, self.settings.bulk_max_keys, self.settings.bulk_max_bytes,
                         self.routes)
-        self.engine.bucket(call.tenant, bucket)  # tenant isolation before a byte of the body is read
+        self.engine.store.bucket(call.tenant, bucket)  # tenant isolation before a byte of the body is read
         reply = await OPERATIONS[op](call)
         if self.routes is not None:
             reply.headers = [(name, f"{value},{wire.FEATURE_PUT_ROUTE}" if name == wire.FEATURES_HEADER else value)

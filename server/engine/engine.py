@@ -12,7 +12,10 @@ The parts (each readable alone):
 ``reads``       :class:`~.reads.TierReads` — the reads that span both tiers (locate, fetch, list, prefetch)
 ==============  ==============================================================================
 
-The protocol layers, the admin API, events and metrics talk to :class:`Engine` only. Every synchronous method
+The protocol layers, the admin API, events and metrics talk to :class:`Engine` and, for what the engine only
+passes on, to its parts (``engine.store``, ``engine.budget``, ``engine.multipart``, ``engine.operator``): a
+method here earns its place by doing more than forwarding (a tenant's bucket resolved for a read across tiers,
+the manifest saved after a change, a write handed on to the lower tier). Every synchronous method
 runs to completion on the caller's thread, so each call is atomic with respect to every other call made from
 the same event loop. The ``async`` ones are those that may read the lower tier (:meth:`Engine.fetch`,
 :meth:`Engine.fetch_many`, listing, the operator's flush): after their await they check again what RAM holds,
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, TypeVar
 
 from ..flash import RecoveryReport
@@ -33,7 +36,7 @@ from .budget import Budget, Reservation
 from .config import EngineConfig
 from .lower import DiskListener, LowerTier, NoLowerTier
 from .multipart import Multipart
-from .objects import OBJECT_OVERHEAD, Bucket, Completion, Part, Payload, StoredObject, Upload
+from .objects import Completion, Payload, StoredObject, Upload
 from .operator import Operator
 from .reads import TierReads
 from .store import BlockWrite, Clock, ObjectStore, RemovalListener, StoreListener
@@ -132,32 +135,6 @@ class Engine:
         if on_disk is not None:
             self.tier.listeners.append(on_disk)
 
-    # ------------------------------------------------------------------ budget levels
-
-    @property
-    def used(self) -> int:
-        return self.budget.used
-
-    @property
-    def reserved(self) -> int:
-        return self.budget.reserved
-
-    @property
-    def parts_bytes(self) -> int:
-        return self.budget.parts
-
-    @property
-    def pinned_bytes(self) -> int:
-        return self.budget.pinned
-
-    @property
-    def state_bytes(self) -> int:
-        return self.budget.state
-
-    @property
-    def sending_bytes(self) -> int:
-        return self.budget.sending
-
     # ------------------------------------------------------------------ buckets
 
     def create_bucket(self, tenant: str, name: str) -> bool:
@@ -166,13 +143,6 @@ class Engine:
         if created:
             self._manifest_changed()
         return created
-
-    def bucket(self, tenant: str, name: str) -> Bucket:
-        """The bucket if ``tenant`` owns it (NoSuchBucket / AccessDenied otherwise)."""
-        return self.store.bucket(tenant, name)
-
-    def list_buckets(self, tenant: str) -> list[Bucket]:
-        return self.store.list_buckets(tenant)
 
     def delete_bucket(self, tenant: str, name: str) -> None:
         """Delete an empty bucket; its unfinished uploads go with it."""
@@ -197,46 +167,6 @@ class Engine:
         return await self.reads.live_keys(chosen, at)
 
     # ------------------------------------------------------------------ objects
-
-    def check_fits(self, tenant: str, bucket_name: str, nbytes: int, fixed: int = OBJECT_OVERHEAD) -> None:
-        """EntityTooLarge unless an object of ``nbytes`` (``fixed`` more once stored) could ever be stored."""
-        self.store.check_fits(tenant, bucket_name, nbytes, fixed)
-
-    async def with_write_room(self, attempt: Callable[[], T]) -> T:
-        """``attempt()`` (a reservation opening or growing, before the bytes it holds room for are read), waiting
-        while it needs a RAM victim demoted and the flash write queue is full: backpressure instead of a dropped
-        block. Past ``disk_write_wait`` it raises InsufficientCapacity (503 SlowDown, a retryable bulk error).
-        Reads never come here: a promotion that finds no room sends its block from a transient buffer."""
-        return await self.tier.with_write_room(attempt)
-
-    def reserve(self, tenant: str, bucket_name: str, nbytes: int | None, fixed: int = OBJECT_OVERHEAD, *,
-                key: str | None = None, same_request: bool = False) -> Reservation:
-        """A reservation for a body of ``nbytes`` (``fixed`` more once stored), opened before the body is read:
-        what could never be stored is refused now; it holds budget as the body arrives (``grow``).
-        ``same_request``: a later block of a request that already holds one (the tenant's in-flight limit is
-        checked once per request). ``key``: the object it replaces (its bytes count as free)."""
-        return self.store.reserve(tenant, bucket_name, nbytes, fixed, key=key, same_request=same_request)
-
-    def reserve_run(self, tenant: str, bucket_name: str, nbytes: int, fixed: int, *,
-                    same_request: bool = False) -> Reservation:
-        """One reservation for a run of new objects of ``nbytes`` payload in all (``fixed`` more once stored),
-        each already found to fit (:meth:`check_fits`): a bulk put of many small blocks holds budget for a run
-        of them at a time instead of one reservation each. Replaces nothing (no credit for live objects)."""
-        return self.store.reserve_run(tenant, bucket_name, nbytes, fixed, same_request=same_request)
-
-    def payload_buffer(self, size: int) -> bytearray | memoryview:
-        """A writable buffer of ``size`` bytes for a payload about to arrive, reused from a block that died
-        when one of the size is kept (:mod:`.buffers`). It holds stale bytes: fill all of it, or drop it."""
-        return self.store.buffers.take(size)
-
-    def payload_buffers(self, sizes: list[int]) -> list[bytearray | memoryview]:
-        """:meth:`payload_buffer` for each of ``sizes`` (a run of blocks), at once."""
-        return self.store.buffers.take_many(sizes)
-
-    def lease(self, obj: StoredObject) -> Callable[[], None]:
-        """Count a response sending ``obj``'s payload until the returned function is called (a removed object
-        stays charged to the budget until its last send ends)."""
-        return self.store.lease(obj)
 
     def put(self, tenant: str, bucket_name: str, key: str, data: Payload, *, etag: str, ttl: float | None = None,
             content_type: str = "binary/octet-stream", headers: dict[str, str] | None = None,
@@ -275,14 +205,6 @@ class Engine:
         :meth:`.reads.TierReads.tiers`)."""
         return self.reads.tiers(self.store.bucket(tenant, bucket_name), keys)
 
-    def get(self, tenant: str, bucket_name: str, key: str, *, record: bool = True) -> StoredObject:
-        """The live object at ``key``; ``record`` counts a hit/miss, refreshes LRU and slides the TTL."""
-        return self.store.get(tenant, bucket_name, key, record=record)
-
-    def lookup(self, tenant: str, bucket_name: str, keys: Iterable[str]) -> list[StoredObject | None]:
-        """Live objects in RAM for many keys (None where absent); counts hits and misses, touches LRU."""
-        return self.store.lookup(tenant, bucket_name, keys)
-
     def locate(self, tenant: str, bucket_name: str, keys: list[str]) -> tuple[list[int], list[str | None] | None]:
         """Per key the live block's payload size (-1 where absent) and its tier (``ram``, ``disk`` or None;
         None for all when every present block is in RAM); counts hits and misses (see
@@ -314,64 +236,18 @@ class Engine:
         are in RAM, below it, in neither tier, and how many it started reading."""
         return self.reads.prefetch(self.store.bucket(tenant, bucket_name), keys)
 
-    def record_read(self, obj: StoredObject, nbytes: int) -> None:
-        """Count payload bytes sent to a reader."""
-        self.store.record_read(obj, nbytes)
-
-    def delete(self, tenant: str, bucket_name: str, key: str) -> bool:
-        """Remove ``key``; whether a live object was removed."""
-        return self.store.delete(tenant, bucket_name, key)
-
-    def iter_objects(self, tenant: str, bucket_name: str, start: str = "", inclusive: bool = True
-                     ) -> Iterator[StoredObject]:
-        """Live objects in RAM in key order from ``start``."""
-        return self.store.iter_objects(tenant, bucket_name, start, inclusive)
-
     def list_objects(self, tenant: str, bucket_name: str, start: str = "", inclusive: bool = True
                      ) -> AsyncGenerator[StoredObject, None]:
         """Live objects of both tiers in key order from ``start`` (a key in both is listed once, from RAM);
         the lower tier's come with their metadata and no payload."""
         return self.reads.list_objects(tenant, self.store.bucket(tenant, bucket_name), start, inclusive)
 
-    def pin(self, tenant: str, bucket_name: str, keys: Iterable[str], seconds: float) -> int:
-        return self.store.pin(tenant, bucket_name, keys, seconds)
-
-    def unpin(self, tenant: str, bucket_name: str, keys: Iterable[str]) -> int:
-        return self.store.unpin(tenant, bucket_name, keys)
-
-    def touch(self, tenant: str, bucket_name: str, keys: Iterable[str], ttl: float | None = None) -> int:
-        return self.store.touch(tenant, bucket_name, keys, ttl)
-
     # ------------------------------------------------------------------ multipart
-
-    def create_upload(self, tenant: str, bucket_name: str, key: str, *, ttl: float | None, content_type: str,
-                      headers: dict[str, str], user_meta: dict[str, str],
-                      checksum_algorithm: str | None = None) -> Upload:
-        return self.multipart.create(tenant, bucket_name, key, ttl=ttl, content_type=content_type,
-                                     headers=headers, user_meta=user_meta, checksum_algorithm=checksum_algorithm)
-
-    def upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Upload:
-        return self.multipart.get(tenant, bucket_name, key, upload_id)
-
-    def check_part(self, tenant: str, bucket_name: str, key: str, upload_id: str, number: int,
-                   nbytes: int) -> Upload:
-        """The upload, unless a part of ``nbytes`` could never join it (EntityTooLarge: the upload would outgrow
-        the budget or a quota; its parts cannot be evicted). Before the part's body is read."""
-        return self.multipart.check_part(tenant, bucket_name, key, upload_id, number, nbytes)
-
-    def completion(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> Completion | None:
-        """The remembered answer of an upload completed before, so a retried Complete can succeed again."""
-        return self.multipart.completion(tenant, bucket_name, key, upload_id)
 
     def uploads_in(self, tenant: str, bucket_name: str, prefix: str = "") -> list[Upload]:
         """The tenant's uploads into a bucket, by key then age."""
         self.store.bucket(tenant, bucket_name)
         return self.multipart.in_bucket(bucket_name, prefix)
-
-    def put_part(self, tenant: str, bucket_name: str, key: str, upload_id: str, number: int, data: Payload, *,
-                 md5: bytes, checksums: dict[str, str], reservation: Reservation | None = None) -> Part:
-        return self.multipart.put_part(tenant, bucket_name, key, upload_id, number, data, md5=md5,
-                                       checksums=checksums, reservation=reservation)
 
     def complete_upload(self, tenant: str, bucket_name: str, key: str, upload_id: str, parts: list[tuple[int, str]],
                         *, if_none_match: bool | str = False, if_match: str | None = None,
@@ -381,9 +257,6 @@ class Engine:
         if isinstance(done, StoredObject):
             self.tier.after_write(done)
         return done
-
-    def abort_upload(self, tenant: str, bucket_name: str, key: str, upload_id: str) -> None:
-        self.multipart.abort(tenant, bucket_name, key, upload_id)
 
     # ------------------------------------------------------------------ housekeeping
 
@@ -398,13 +271,6 @@ class Engine:
 
     # ------------------------------------------------------------------ operator verbs
 
-    def stats(self, reset: bool = False) -> dict[str, Any]:
-        """Global and per-bucket counters; ``reset`` zeroes the counters after reading."""
-        return self.operator.stats(reset)
-
-    def bucket_summaries(self) -> list[dict[str, Any]]:
-        return self.operator.bucket_summaries()
-
     def set_bucket_policy(self, name: str, *, default_ttl: float | None = None, sliding_ttl: bool | None = None,
                           quota: int | None = None) -> dict[str, Any]:
         policy = self.operator.set_bucket_policy(name, default_ttl=default_ttl, sliding_ttl=sliding_ttl, quota=quota)
@@ -414,10 +280,6 @@ class Engine:
     def set_tenant_quota(self, tenant: str, quota: int) -> None:
         self.operator.set_tenant_quota(tenant, quota)
         self._manifest_changed()
-
-    def tenant_usage(self, tenant: str) -> tuple[int, int]:
-        """(quota, charged bytes) of a tenant; a quota of 0 means none."""
-        return self.budget.tenant_usage(tenant)
 
     async def flush(self, name: str, prefix: str = "") -> int:
         """Remove every object of a bucket (or under ``prefix``) from both tiers, pinned or not. Returns how
@@ -435,8 +297,3 @@ class Engine:
         plus flash)."""
         ram = self.operator.expire_now(name, prefix)
         return ram + await self.tier.expire(self.store.bucket_named(name), prefix)
-
-    def set_limits(self, *, budget: int | None = None, default_ttl: float | None = None,
-                   max_ttl: float | None = None) -> dict[str, Any]:
-        return self.operator.set_limits(budget=budget, default_ttl=default_ttl, max_ttl=max_ttl)
-

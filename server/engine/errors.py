@@ -109,7 +109,7 @@ class InsufficientCapacity(StorageError):
 
 class FlashQueueFull(InsufficientCapacity):
     """Room needs a victim demoted, and the flash tier's write queue is full: the write waits for it to drain
-    (:meth:`Engine.with_write_room`), then is refused (SlowDown). The victim is never dropped for this."""
+    (:meth:`FlashTier.with_write_room`), then is refused (SlowDown). The victim is never dropped for this."""
 
 
 class InvalidPart(StorageError):

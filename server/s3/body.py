@@ -70,7 +70,7 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
     decoder = (AwsChunkedDecoder(signer=auth.chunk_signer, expect_trailer=auth.payload.endswith("trailer"))
                if streaming else None)
 
-    reservation = call.engine.reserve(call.tenant, call.bucket_name, length, fixed, key=replaces)
+    reservation = call.engine.store.reserve(call.tenant, call.bucket_name, length, fixed, key=replaces)
     try:
         # A known length: one buffer of that size, filled in place. Unknown: a buffer that grows (its size
         # bounded by the reservation, which refuses what passes the object size limit).
@@ -79,7 +79,7 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
         if length is None:
             data = growing
         else:  # a reused buffer from 64 KiB up, as for a bulk block: no page faults, nothing long-lived on the heap
-            data = call.engine.payload_buffer(length)
+            data = call.engine.store.buffers.take(length)
         view = memoryview(data) if length is not None else None
         pos = 0
         try:
@@ -96,7 +96,7 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
                     end = pos + len(piece)
                     if length is not None and end > length:
                         raise S3Error("IncompleteBody", "The body is longer than the declared length.")
-                    await call.engine.with_write_room(lambda: reservation.grow(end))  # noqa: B023 (awaited here)
+                    await call.engine.tier.with_write_room(lambda: reservation.grow(end))  # noqa: B023 (awaited here)
                     if view is not None:
                         view[pos:end] = piece
                     else:
@@ -137,7 +137,7 @@ async def _read_direct(call: Call, req: Request, view: memoryview, reservation: 
                        hashers: list[Any]) -> None:
     for start in range(0, len(view), READ_SLICE):
         piece = view[start:start + READ_SLICE]
-        await call.engine.with_write_room(lambda: reservation.grow(start + len(piece)))  # noqa: B023 (awaited here)
+        await call.engine.tier.with_write_room(lambda: reservation.grow(start + len(piece)))  # noqa: B023 (awaited here)
         if await req.readinto(piece) != len(piece):
             raise S3Error("IncompleteBody")
         for hasher in hashers:

@@ -22,7 +22,7 @@ MAX_DELETE_KEYS = 1000
 
 
 async def list_buckets(call: Call) -> Reply:
-    buckets = call.engine.list_buckets(call.tenant)
+    buckets = call.engine.store.list_buckets(call.tenant)
     children: list[Node] = [
         ("Owner", [("ID", listing.tenant_id(call.tenant)), ("DisplayName", call.tenant)]),
         ("Buckets", [("Bucket", [("Name", b.name), ("CreationDate", iso8601(b.created))]) for b in buckets]),
@@ -44,7 +44,7 @@ async def create_bucket(call: Call) -> Reply:
 
 
 async def head_bucket(call: Call) -> Reply:
-    call.engine.bucket(call.tenant, call.bucket_name)
+    call.engine.store.bucket(call.tenant, call.bucket_name)
     return Reply(200, [("x-amz-bucket-region", call.settings.region)])
 
 
@@ -54,7 +54,7 @@ async def delete_bucket(call: Call) -> Reply:
 
 
 async def get_bucket_location(call: Call) -> Reply:
-    call.engine.bucket(call.tenant, call.bucket_name)
+    call.engine.store.bucket(call.tenant, call.bucket_name)
     region = call.settings.region
     # us-east-1 is reported as an empty LocationConstraint, as S3 does.
     body = ('<?xml version="1.0" encoding="UTF-8"?>\n<LocationConstraint '
@@ -65,7 +65,7 @@ async def get_bucket_location(call: Call) -> Reply:
 
 def _iterator(call: Call) -> listing.ObjectIterator:
     engine, tenant, bucket = call.engine, call.tenant, call.bucket_name
-    engine.bucket(tenant, bucket)  # raise NoSuchBucket/AccessDenied before any paging
+    engine.store.bucket(tenant, bucket)  # raise NoSuchBucket/AccessDenied before any paging
 
     def iterate(start: str, inclusive: bool) -> AsyncGenerator[StoredObject, None]:
         return engine.list_objects(tenant, bucket, start, inclusive)
@@ -126,14 +126,14 @@ async def delete_objects(call: Call) -> Reply:
             raise S3Error("MalformedXML")
         keys.append(key)
     engine = call.engine
-    engine.bucket(call.tenant, call.bucket_name)
+    engine.store.bucket(call.tenant, call.bucket_name)
     results: list[Node] = []
     for key in keys:
         if len(key.encode()) > 1024 or not key:
             results.append(("Error", [("Key", key), ("Code", "KeyTooLongError" if key else "InvalidArgument"),
                                       ("Message", "invalid key")]))
             continue
-        engine.delete(call.tenant, call.bucket_name, key)
+        engine.store.delete(call.tenant, call.bucket_name, key)
         if not quiet:
             results.append(("Deleted", [("Key", key)]))
     return xml_response(document("DeleteResult", results))

@@ -32,7 +32,7 @@ async def create_multipart_upload(call: Call) -> Reply:
     algorithm = (req.headers.get("x-amz-checksum-algorithm") or "").lower() or None
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise S3Error("InvalidRequest", f"Checksum algorithm {algorithm} is not supported.")
-    upload = call.engine.create_upload(
+    upload = call.engine.multipart.create(
         call.tenant, call.bucket_name, call.object_key, ttl=ttl, content_type=content_type, headers=stored,
         user_meta=user_meta, checksum_algorithm=algorithm,
     )
@@ -49,9 +49,9 @@ async def upload_part(call: Call) -> Reply:
     engine = call.engine
     length = declared_length(call.req, call.auth, call.settings.max_object_size)
     # Fail before reading the body: no such upload, or one this part would make too large ever to complete.
-    engine.check_part(call.tenant, call.bucket_name, call.object_key, upload_id, number, length or 0)
+    engine.multipart.check_part(call.tenant, call.bucket_name, call.object_key, upload_id, number, length or 0)
     body = await read_upload(call, call.engine.config.part_overhead)
-    part = engine.put_part(
+    part = engine.multipart.put_part(
         call.tenant, call.bucket_name, call.object_key, upload_id, number, body.data, md5=body.md5,
         checksums=body.checksums, reservation=body.reservation,
     )
@@ -61,7 +61,7 @@ async def upload_part(call: Call) -> Reply:
 
 def _composite_checksums(call: Call, upload_id: str, numbers: list[int]) -> dict[str, str]:
     """S3's composite checksum of a multipart object: the checksum of the parts' checksums, plus ``-N``."""
-    upload = call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)
+    upload = call.engine.multipart.get(call.tenant, call.bucket_name, call.object_key, upload_id)
     algorithm = upload.checksum_algorithm
     parts = [upload.parts.get(n) for n in numbers]
     if algorithm is None or any(p is None or algorithm not in p.checksums for p in parts):
@@ -75,9 +75,9 @@ def _composite_checksums(call: Call, upload_id: str, numbers: list[int]) -> dict
 
 async def complete_multipart_upload(call: Call) -> Reply:
     upload_id = call.req.query["uploadId"]
-    done = call.engine.completion(call.tenant, call.bucket_name, call.object_key, upload_id)
+    done = call.engine.multipart.completion(call.tenant, call.bucket_name, call.object_key, upload_id)
     if done is None:
-        call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)  # NoSuchUpload early
+        call.engine.multipart.get(call.tenant, call.bucket_name, call.object_key, upload_id)  # NoSuchUpload early
     root = parse(await read_xml(call))
     if root.tag != "CompleteMultipartUpload":
         raise S3Error("MalformedXML")
@@ -106,13 +106,13 @@ async def complete_multipart_upload(call: Call) -> Reply:
 
 
 async def abort_multipart_upload(call: Call) -> Reply:
-    call.engine.abort_upload(call.tenant, call.bucket_name, call.object_key, call.req.query["uploadId"])
+    call.engine.multipart.abort(call.tenant, call.bucket_name, call.object_key, call.req.query["uploadId"])
     return Reply(204)
 
 
 async def list_parts(call: Call) -> Reply:
     upload_id = call.req.query["uploadId"]
-    upload = call.engine.upload(call.tenant, call.bucket_name, call.object_key, upload_id)
+    upload = call.engine.multipart.get(call.tenant, call.bucket_name, call.object_key, upload_id)
     marker = ascii_int(call.req.query.get("part-number-marker", "0") or "0")
     max_raw = ascii_int(call.req.query.get("max-parts", "1000") or "1000")
     if marker is None or max_raw is None:

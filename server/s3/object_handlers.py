@@ -40,7 +40,7 @@ async def put_object(call: Call) -> Reply:
     content_type, stored, user_meta = metadata_from_headers(req.headers)
     if_none_match, if_match = write_conditions(req.headers)
     engine = call.engine
-    engine.bucket(call.tenant, call.bucket_name)  # fail before reading the body
+    engine.store.bucket(call.tenant, call.bucket_name)  # fail before reading the body
     body = await read_upload(call, OBJECT_OVERHEAD, replaces=call.object_key)
     if needs_etag(if_none_match, if_match):
         await engine.resident(call.tenant, call.bucket_name, call.object_key)
@@ -85,14 +85,14 @@ async def _read(call: Call, *, head: bool) -> Reply:
         headers.append(("content-range", f"bytes {start}-{end - 1}/{obj.size}"))
     if head:
         return Reply(status, headers, content_length=end - start)
-    engine.record_read(obj, end - start)
+    engine.store.record_read(obj, end - start)
     body = memoryview(obj.data)[start:end] if (start, end) != (0, obj.size) else obj.data
     # Until the send ends the payload stays in memory, replaced or not: it stays counted against the budget.
-    return Reply(status, headers, body, after=[engine.lease(obj)])
+    return Reply(status, headers, body, after=[engine.store.lease(obj)])
 
 
 async def delete_object(call: Call) -> Reply:
-    call.engine.delete(call.tenant, call.bucket_name, call.object_key)
+    call.engine.store.delete(call.tenant, call.bucket_name, call.object_key)
     return Reply(204)
 
 
@@ -119,7 +119,7 @@ async def copy_object(call: Call) -> Reply:
     req = call.req
     src_bucket, src_key = _copy_source(call)
     engine = call.engine
-    engine.bucket(call.tenant, call.bucket_name)
+    engine.store.bucket(call.tenant, call.bucket_name)
     src: StoredObject = await engine.fetch(call.tenant, src_bucket, src_key, record=True)
     check_read_conditions(src, req.headers, prefix="x-amz-copy-source-")
     directive = req.headers.get("x-amz-metadata-directive", "COPY").upper()

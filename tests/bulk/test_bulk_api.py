@@ -610,7 +610,7 @@ def test_get_sends_the_stored_buffers_without_copying_and_counts_stats() -> None
     blocks = {f"k{i}": os.urandom(1000 + i) for i in range(3)}
     sent = asyncio.run(call_app(app, "put", put_frame(blocks)))
     assert sent[0]["status"] == 200
-    stored = [app.engine.get("default", bucket, k, record=False) for k in blocks]
+    stored = [app.engine.store.get("default", bucket, k, record=False) for k in blocks]
     sent = asyncio.run(call_app(app, "get", wire.encode_keys_request("get", wire.KeysRequest(
         ["k0", "absent", "k1", "k2"]))))
     start, frame, *payloads = sent
@@ -619,7 +619,7 @@ def test_get_sends_the_stored_buffers_without_copying_and_counts_stats() -> None
     assert [m["body"] for m in payloads] == [o.data for o in stored]
     assert all(m["body"] is o.data for m, o in zip(payloads, stored, strict=True))  # the stored buffer itself
     assert [m["more_body"] for m in [frame, *payloads]] == [True, True, True, False]
-    stats = app.engine.stats()["buckets"][bucket]
+    stats = app.engine.operator.stats()["buckets"][bucket]
     assert (stats["hits"], stats["misses"]) == (3, 1)
     assert stats["bytes_out"] == sum(len(d) for d in blocks.values())
     assert stats["puts"] == 3
@@ -630,7 +630,7 @@ def test_a_stalled_put_body_times_out_and_stores_nothing() -> None:
     sent = asyncio.run(call_app(app, "put", put_frame({"slow": b"x" * 100}), stall=True))
     assert sent[0]["status"] == 408
     assert wire.decode_error(wire.unpack_head(sent[1]["body"], wire.ANY_HEAD)[0]).error == "RequestTimeout"
-    assert app.engine.reserved == 0 and app.engine.used == app.engine.state_bytes  # the bucket's record
+    assert app.engine.budget.reserved == 0 and app.engine.budget.used == app.engine.budget.state  # the bucket's record
 
 
 def test_a_client_gone_mid_put_leaves_nothing_reserved_or_stored() -> None:
@@ -639,8 +639,8 @@ def test_a_client_gone_mid_put_leaves_nothing_reserved_or_stored() -> None:
     for split in (2, 20, 6000, len(body) - 1):  # in the length prefix, the head, a payload, the last byte
         sent = asyncio.run(call_app(app, "put", body, split=split, disconnect=True))
         assert sent == []  # nobody to answer
-        assert (app.engine.used - app.engine.state_bytes, app.engine.reserved) == (0, 0)
-    assert app.engine.lookup("default", bucket, ["a", "b"]) == [None, None]
+        assert (app.engine.budget.used - app.engine.budget.state, app.engine.budget.reserved) == (0, 0)
+    assert app.engine.store.lookup("default", bucket, ["a", "b"]) == [None, None]
 
 
 def test_lookup_and_get_pin_every_present_block() -> None:
@@ -651,9 +651,9 @@ def test_lookup_and_get_pin_every_present_block() -> None:
         "lookup", wire.KeysRequest(["c/0", "c/1", "c/2"], pin=30))))
     answer = wire.decode_lookup_response(wire.unpack_head(sent[1]["body"], wire.ANY_HEAD)[0], 3)
     assert answer == wire.LookupResponse(1, [1, wire.ABSENT, 1], None)  # no flash tier: no tiers field
-    pins = {k: app.engine.get("default", bucket, k, record=False).pinned_until for k in ("c/0", "c/2", "c/3")}
+    pins = {k: app.engine.store.get("default", bucket, k, record=False).pinned_until for k in ("c/0", "c/2", "c/3")}
     assert now + 29 < pins["c/0"] < now + 31 and now + 29 < pins["c/2"] < now + 31  # beyond the prefix too
     assert pins["c/3"] == 0.0  # not asked for
     asyncio.run(call_app(app, "get", wire.encode_keys_request("get", wire.KeysRequest(["c/3"], pin=1e9))))
-    pinned_until = app.engine.get("default", bucket, "c/3", record=False).pinned_until
+    pinned_until = app.engine.store.get("default", bucket, "c/3", record=False).pinned_until
     assert pinned_until == pytest.approx(time.time() + app.node.settings.max_pin, abs=5)  # capped by --max-pin

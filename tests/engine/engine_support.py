@@ -41,7 +41,8 @@ def payload(tag: str | int, size: int = SIZE) -> bytes:
 
 def make_engine(clock: FakeClock, **config: object) -> Engine:
     # Buckets, uploads and parts cost nothing beyond their bytes here, so the arithmetic below stays about
-    # objects; test_tenant_and_bucket_quotas.py's test_buckets_uploads_and_parts_are_charged_and_capped covers those charges.
+    # objects; test_tenant_and_bucket_quotas.py's test_buckets_uploads_and_parts_are_charged_and_capped covers
+    # those charges.
     cfg = {"budget": 5000, "default_ttl": 100.0, "max_ttl": 1000.0, "max_pin": 300.0,
            "max_object_size": 4000, "min_part_size": 10, "upload_ttl": 500.0,
            "bucket_overhead": 0, "upload_overhead": 0, "part_overhead": 0}
@@ -59,13 +60,13 @@ def put(engine: Engine, key: str, data: bytes | None = None, bucket: str = B, te
 
 def reserve(engine: Engine, nbytes: int, bucket: str = B, tenant: str = T) -> Reservation:
     """A reservation whose whole body has arrived (it holds the full charge)."""
-    reservation = engine.reserve(tenant, bucket, nbytes)
+    reservation = engine.store.reserve(tenant, bucket, nbytes)
     reservation.grow_all()
     return reservation
 
 
 def keys_of(engine: Engine, bucket: str = B, tenant: str = T) -> list[str]:
-    return [o.key for o in engine.iter_objects(tenant, bucket)]
+    return [o.key for o in engine.store.iter_objects(tenant, bucket)]
 
 
 def stored(engine: Engine) -> list[StoredObject]:
@@ -78,12 +79,12 @@ def check_accounting(engine: Engine) -> None:
     uploads = engine.multipart.uploads.values()
     parts = sum(p.charge for u in uploads for p in u.parts.values())
     assert all(o.live for o in objs)
-    assert engine.parts_bytes == parts
+    assert engine.budget.parts == parts
     assert all(u.charged == sum(p.charge for p in u.parts.values()) for u in uploads)
-    assert engine.state_bytes == sum(b.charge for b in engine.store.buckets.values()) + sum(u.charge for u in uploads)
-    assert engine.reserved >= 0
-    assert engine.used == sum(o.charge for o in objs) + parts + engine.state_bytes + engine.reserved
-    assert engine.used <= engine.config.budget
+    assert engine.budget.state == sum(b.charge for b in engine.store.buckets.values()) + sum(u.charge for u in uploads)
+    assert engine.budget.reserved >= 0
+    assert engine.budget.used == sum(o.charge for o in objs) + parts + engine.budget.state + engine.budget.reserved
+    assert engine.budget.used <= engine.config.budget
     for bucket in engine.store.buckets.values():
         assert bucket.stats.objects == len(bucket.objects)
         assert bucket.stats.bytes == sum(o.size for o in bucket.objects.values())
@@ -91,7 +92,7 @@ def check_accounting(engine: Engine) -> None:
     for bucket in engine.store.buckets.values():  # each bucket's LRU list holds exactly its live objects
         assert set(bucket.lru) == set(bucket.objects.values()) and len(bucket.lru) == len(bucket.objects)
         assert bucket.stats.charged == sum(o.charge for o in bucket.objects.values())
-    st_ = engine.stats()
+    st_ = engine.operator.stats()
     assert st_["objects"] == len(objs)
     assert st_["bytes"] == sum(o.size for o in objs)
 
@@ -99,4 +100,4 @@ def check_accounting(engine: Engine) -> None:
 def check_pins(engine: Engine) -> None:
     """After draining (stats() drains), pinned_bytes is exactly the charge of the objects pinned now."""
     now = engine.clock()
-    assert engine.stats()["pinned_bytes"] == sum(o.charge for o in stored(engine) if o.pinned(now))
+    assert engine.operator.stats()["pinned_bytes"] == sum(o.charge for o in stored(engine) if o.pinned(now))

@@ -21,21 +21,21 @@ def test_tenancy(clock: FakeClock) -> None:
         engine.create_bucket("bob", B)
     assert engine.create_bucket("bob", "bobs") is True
     engine.create_bucket(T, "a-second")
-    assert [b.name for b in engine.list_buckets(T)] == ["a-second", B]
-    assert [b.name for b in engine.list_buckets("bob")] == ["bobs"]
-    assert engine.list_buckets("carol") == []
+    assert [b.name for b in engine.store.list_buckets(T)] == ["a-second", B]
+    assert [b.name for b in engine.store.list_buckets("bob")] == ["bobs"]
+    assert engine.store.list_buckets("carol") == []
     put(engine, "k0")
-    for call in (lambda: engine.bucket("bob", B), lambda: engine.get("bob", B, "k0"),
-                 lambda: put(engine, "k1", tenant="bob"), lambda: engine.delete("bob", B, "k0"),
-                 lambda: list(engine.iter_objects("bob", B)), lambda: engine.lookup("bob", B, ["k0"]),
-                 lambda: engine.pin("bob", B, ["k0"], 10), lambda: engine.touch("bob", B, ["k0"]),
+    for call in (lambda: engine.store.bucket("bob", B), lambda: engine.store.get("bob", B, "k0"),
+                 lambda: put(engine, "k1", tenant="bob"), lambda: engine.store.delete("bob", B, "k0"),
+                 lambda: list(engine.store.iter_objects("bob", B)), lambda: engine.store.lookup("bob", B, ["k0"]),
+                 lambda: engine.store.pin("bob", B, ["k0"], 10), lambda: engine.store.touch("bob", B, ["k0"]),
                  lambda: engine.delete_bucket("bob", B),
-                 lambda: engine.create_upload("bob", B, "k", ttl=None, content_type="", headers={},
+                 lambda: engine.multipart.create("bob", B, "k", ttl=None, content_type="", headers={},
                                               user_meta={})):
         with pytest.raises(errors.AccessDenied):
             call()
     with pytest.raises(errors.NoSuchBucket):
-        engine.get(T, "nope", "k0")
+        engine.store.get(T, "nope", "k0")
     assert keys_of(engine) == ["k0"]
 
 
@@ -50,16 +50,16 @@ def test_delete_bucket(clock: FakeClock) -> None:
         engine.delete_bucket(T, B)
     assert keys_of(engine) == ["k1"]
     clock.advance(10)
-    upload = engine.create_upload(T, B, "mp", ttl=None, content_type="x", headers={}, user_meta={})
-    engine.put_part(T, B, "mp", upload.upload_id, 1, b"x" * 50, md5=hashlib.md5(b"x" * 50).digest(),
+    upload = engine.multipart.create(T, B, "mp", ttl=None, content_type="x", headers={}, user_meta={})
+    engine.multipart.put_part(T, B, "mp", upload.upload_id, 1, b"x" * 50, md5=hashlib.md5(b"x" * 50).digest(),
                     checksums={})
     engine.delete_bucket(T, B)  # only expired objects (and an upload in flight) left
-    assert B not in engine.store.buckets and engine.list_buckets(T) == []
-    assert engine.used == 0 and engine.parts_bytes == 0 and engine.multipart.uploads == {}
-    s = engine.stats()
+    assert B not in engine.store.buckets and engine.store.list_buckets(T) == []
+    assert engine.budget.used == 0 and engine.budget.parts == 0 and engine.multipart.uploads == {}
+    s = engine.operator.stats()
     assert (s["puts"], s["expirations"], s["objects"]) == (2, 2, 0)  # global counters survive the bucket
     with pytest.raises(errors.NoSuchBucket):
-        engine.get(T, B, "k0")
+        engine.store.get(T, B, "k0")
     assert engine.create_bucket("bob", B) is True  # the name is free again
     check_accounting(engine)
 
@@ -71,12 +71,12 @@ def test_iter_objects_code_point_order_and_start(clock: FakeClock) -> None:
         put(engine, k, b"v")
     expected = sorted(keys, key=lambda k: k.encode("utf-8"))  # code point order == UTF-8 byte order
     assert keys_of(engine) == expected
-    assert [o.key for o in engine.iter_objects(T, B, start="a0")] == expected[expected.index("a0"):]
-    assert [o.key for o in engine.iter_objects(T, B, start="a0", inclusive=False)] == \
+    assert [o.key for o in engine.store.iter_objects(T, B, start="a0")] == expected[expected.index("a0"):]
+    assert [o.key for o in engine.store.iter_objects(T, B, start="a0", inclusive=False)] == \
         expected[expected.index("a0") + 1:]
-    assert [o.key for o in engine.iter_objects(T, B, start="aa")] == expected[expected.index("ab"):]
-    assert [o.key for o in engine.iter_objects(T, B, start="\uffff", inclusive=False)] == ["\U0001f600"]
-    assert list(engine.iter_objects(T, B, start="\U0010ffff")) == []
+    assert [o.key for o in engine.store.iter_objects(T, B, start="aa")] == expected[expected.index("ab"):]
+    assert [o.key for o in engine.store.iter_objects(T, B, start="\uffff", inclusive=False)] == ["\U0001f600"]
+    assert list(engine.store.iter_objects(T, B, start="\U0010ffff")) == []
 
 
 def test_iter_objects_skips_expired(clock: FakeClock) -> None:

@@ -20,12 +20,12 @@ def test_expired_objects_go_first_even_if_recently_used(clock: FakeClock) -> Non
         put(engine, f"k{i}", ttl=500)
     put(engine, "k0", ttl=10)
     clock.advance(5)
-    engine.get(T, B, "k0")  # most recently used
+    engine.store.get(T, B, "k0")  # most recently used
     clock.advance(5)  # ...and now expired
     put(engine, "k5", ttl=500)
     assert rec.reasons() == [("expired", "k0")]
     assert keys_of(engine) == ["k1", "k2", "k3", "k4", "k5"]
-    assert engine.stats()["expirations"] == 1 and engine.stats()["evictions"] == 0
+    assert engine.operator.stats()["expirations"] == 1 and engine.operator.stats()["evictions"] == 0
     check_accounting(engine)
 
 
@@ -45,10 +45,10 @@ def test_lru_get_refreshes_recency(clock: FakeClock) -> None:
     rec = Recorder(engine)
     for i in range(5):
         put(engine, f"k{i}")
-    engine.get(T, B, "k0")
+    engine.store.get(T, B, "k0")
     put(engine, "k5")
     assert rec.reasons() == [("evicted", "k1")]
-    engine.lookup(T, B, ["k2", "missing"])  # lookup refreshes recency too
+    engine.store.lookup(T, B, ["k2", "missing"])  # lookup refreshes recency too
     put(engine, "k6")
     assert rec.reasons()[-1] == ("evicted", "k3")
     check_accounting(engine)
@@ -69,7 +69,7 @@ def test_eviction_takes_a_chain_tail_before_its_head(clock: FakeClock) -> None:
     assert [k for _, k in rec.reasons()] == ["c3", "c2"]
     assert sorted(keys_of(engine)) == ["c0", "c1", "x0", "x1", "x2"]  # the chain's head, no hole
     # A bulk read (lookup, get) ranks the same way: the first key it names becomes the most recent.
-    engine.lookup(T, B, ["c0", "c1", "x0"])
+    engine.store.lookup(T, B, ["c0", "c1", "x0"])
     put(engine, "x3")
     put(engine, "x4")
     assert [k for _, k in rec.reasons()][2:] == ["x1", "x2"]
@@ -83,9 +83,9 @@ def test_lru_head_does_not_refresh_recency(clock: FakeClock) -> None:
     rec = Recorder(engine)
     for i in range(5):
         put(engine, f"k{i}")
-    hits = engine.stats()["hits"]
-    assert engine.get(T, B, "k0", record=False).key == "k0"
-    assert engine.stats()["hits"] == hits  # not counted either
+    hits = engine.operator.stats()["hits"]
+    assert engine.store.get(T, B, "k0", record=False).key == "k0"
+    assert engine.operator.stats()["hits"] == hits  # not counted either
     put(engine, "k5")
     assert rec.reasons() == [("evicted", "k0")]
 
@@ -110,7 +110,7 @@ def test_replacing_in_a_full_store_counts_the_old_object_as_free(clock: FakeCloc
     assert rec.reasons() == [("replaced", "k3")]
     put(engine, "k2", payload("v2", SIZE + 1500))  # 1500 more: k0 and k1 (LRU) go, not k2 itself
     assert rec.reasons()[1:] == [("evicted", "k0"), ("evicted", "k1"), ("replaced", "k2")]
-    assert keys_of(engine) == ["k2", "k3", "k4"] and engine.used == 4500
+    assert keys_of(engine) == ["k2", "k3", "k4"] and engine.budget.used == 4500
     check_accounting(engine)
 
 
@@ -119,15 +119,15 @@ def test_replacing_a_pinned_object_when_everything_is_pinned(clock: FakeClock) -
     rec = Recorder(engine)
     for i in range(5):
         put(engine, f"k{i}")
-    engine.pin(T, B, [f"k{i}" for i in range(5)], 60)
+    engine.store.pin(T, B, [f"k{i}" for i in range(5)], 60)
     new = put(engine, "k1", payload("v2"))  # fits in the room of the object it replaces
-    assert rec.reasons() == [("replaced", "k1")] and engine.get(T, B, "k1") is new
-    assert engine.pinned_bytes == 4000  # the new object is not pinned
-    old = engine.get(T, B, "k2")
+    assert rec.reasons() == [("replaced", "k1")] and engine.store.get(T, B, "k1") is new
+    assert engine.budget.pinned == 4000  # the new object is not pinned
+    old = engine.store.get(T, B, "k2")
     with pytest.raises(errors.InsufficientCapacity):
         put(engine, "k2", payload("v2", SIZE + 1500))  # only k1 can go: not enough
     # The failed write changed nothing: the old value is still there and nothing was evicted.
-    assert engine.get(T, B, "k2") is old and keys_of(engine) == [f"k{i}" for i in range(5)]
+    assert engine.store.get(T, B, "k2") is old and keys_of(engine) == [f"k{i}" for i in range(5)]
     assert rec.reasons() == [("replaced", "k1")]
     check_accounting(engine)
     check_pins(engine)
@@ -141,9 +141,9 @@ def test_choosing_a_victim_does_not_scan_the_buckets(clock: FakeClock) -> None:
         engine.create_bucket(T, name)
         put(engine, "k", b"x" * 10, bucket=name)
     for name in names[:500]:  # read the first 500 again: they become the most recent
-        engine.get(T, name, "k")
+        engine.store.get(T, name, "k")
     oldest = [names[500], names[501], names[502]]
     rec = Recorder(engine)
-    engine.set_limits(budget=engine.used - 2 * 720)  # room for three fewer objects
+    engine.operator.set_limits(budget=engine.budget.used - 2 * 720)  # room for three fewer objects
     assert [(reason, obj.bucket) for reason, _, _, obj in rec.removed[:3]] == [("evicted", n) for n in oldest]
     check_accounting(engine)

@@ -36,7 +36,7 @@ def test_a_ram_only_engine_has_a_lower_tier_that_holds_nothing() -> None:
     assert asyncio.run(engine.open()) is None
     assert engine.disk_degraded is None
     _put(engine, ["a"])
-    stats = engine.stats()
+    stats = engine.operator.stats()
     flat = {k: v for k, v in empty_disk_stats().items() if k != "disk_buckets"}  # spread over the buckets
     assert {k: stats[k] for k in flat} == flat
     assert stats["buckets"]["b"]["disk_objects"] == 0
@@ -54,7 +54,7 @@ def test_locate_on_a_ram_only_node_counts_hits_and_misses_and_reports_no_tiers()
     _put(engine, ["k0", "k1", "k2"])
     assert engine.locate("t", "b", ["k0", "k1", "k2"]) == ([100, 100, 100], None)
     assert engine.locate("t", "b", ["k0", "x", "k2", "y"]) == ([100, -1, 100, -1], None)
-    stats = engine.stats()["buckets"]["b"]
+    stats = engine.operator.stats()["buckets"]["b"]
     assert (stats["hits"], stats["misses"], stats["disk_hits"]) == (5, 2, 0)
 
 
@@ -66,7 +66,7 @@ def test_fetch_and_fetch_many_on_a_ram_only_node() -> None:
     assert asyncio.run(engine.fetch("t", "b", "k1")).key == "k1"
     with pytest.raises(errors.NoSuchKey):
         asyncio.run(engine.fetch("t", "b", "x"))
-    stats = engine.stats()["buckets"]["b"]
+    stats = engine.operator.stats()["buckets"]["b"]
     assert (stats["hits"], stats["misses"]) == (3, 2)
     assert engine.existing("t", "b", ["k0", "x"]) == [True, False]
     assert engine.prefetch("t", "b", ["k0", "x"]) == {"ram": 1, "disk": 0, "missing": 1, "started": 0}
@@ -92,4 +92,4 @@ def test_flush_expire_and_delete_bucket_on_a_ram_only_node() -> None:
     assert asyncio.run(engine.expire_now("b", "a")) == 2
     assert asyncio.run(engine.flush("b")) == 1
     engine.delete_bucket("t", "b")
-    assert engine.list_buckets("t") == []
+    assert engine.store.list_buckets("t") == []

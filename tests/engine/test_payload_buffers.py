@@ -36,7 +36,7 @@ def fill(buf: bytearray | memoryview, byte: int) -> bytearray | memoryview:
 
 
 def store(engine: Engine, key: str, byte: int, size: int = BLOCK) -> None:
-    data = fill(engine.payload_buffer(size), byte)
+    data = fill(engine.store.buffers.take(size), byte)
     engine.put(T, B, key, data, etag='"x"')
 
 
@@ -45,7 +45,7 @@ def store_then_delete(engine: Engine, n: int, prefix: str = "k", size: int = BLO
     for i in range(n):
         store(engine, f"{prefix}{i}", i % 251, size)
     for i in range(n):
-        engine.delete(T, B, f"{prefix}{i}")
+        engine.store.delete(T, B, f"{prefix}{i}")
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def clock() -> FakeClock:
 def test_buffers_have_the_size_asked_and_take_any_bytes(clock: FakeClock) -> None:
     engine = make_engine(clock)
     for size in (0, 1, MIN_POOLED - 1, MIN_POOLED, (1 << 20) + 3, 8 << 20):
-        buf = engine.payload_buffer(size)
+        buf = engine.store.buffers.take(size)
         assert len(buf) == size and not memoryview(buf).readonly
         assert isinstance(buf, bytearray) == (size < MIN_POOLED)  # small ones come from the C heap
         memoryview(buf)[:] = b"\xa5" * size
@@ -68,10 +68,10 @@ def test_a_dead_blocks_buffer_serves_the_next_block_of_its_size(clock: FakeClock
     pool = engine.store.buffers
     store(engine, "a", 1)
     first = address(engine.store.get(T, B, "a").data)
-    assert engine.delete(T, B, "a")
+    assert engine.store.delete(T, B, "a")
     engine.reap()  # sorts in what came back
     assert pool.kept == pool.charged == -(-BLOCK // PAGE) * PAGE
-    again = engine.payload_buffer(BLOCK)
+    again = engine.store.buffers.take(BLOCK)
     assert address(again) == first and len(again) == BLOCK
     assert (pool.fresh, pool.reused) == (1, 1)
     assert pool.kept == pool.charged == 0
@@ -84,7 +84,7 @@ def test_a_buffer_is_not_reused_while_any_view_of_it_lives(clock: FakeClock) -> 
     store(engine, "a", 7)
     held = memoryview(engine.store.get(T, B, "a").data)[100:200]  # what a reply in flight holds
     first = address(held) - 100
-    assert engine.delete(T, B, "a")
+    assert engine.store.delete(T, B, "a")
     engine.reap()
     for i in range(5):
         store(engine, f"b{i}", 9)
@@ -93,7 +93,7 @@ def test_a_buffer_is_not_reused_while_any_view_of_it_lives(clock: FakeClock) -> 
     del held
     gc.collect()
     engine.reap()
-    assert address(engine.payload_buffer(BLOCK)) == first
+    assert address(engine.store.buffers.take(BLOCK)) == first
 
 
 def test_kept_buffers_are_charged_and_room_drops_them_before_any_block(clock: FakeClock) -> None:
@@ -112,8 +112,8 @@ def test_kept_buffers_are_charged_and_room_drops_them_before_any_block(clock: Fa
     fits = (budget - OBJECT_OVERHEAD) // (size + OBJECT_OVERHEAD + 1)
     for i in range(fits):
         store(engine, f"big{i}", 3, size)
-    assert engine.stats()["evictions"] == 0
-    assert engine.used <= budget
+    assert engine.operator.stats()["evictions"] == 0
+    assert engine.budget.used <= budget
     assert pool.charged < budget // 16
 
 
@@ -127,9 +127,9 @@ def test_a_full_budget_keeps_a_bounded_uncharged_share(clock: FakeClock) -> None
     n = budget // per_block
     for i in range(n + 40):
         store(engine, f"k{i}", i % 251)
-        assert engine.used <= budget
+        assert engine.budget.used <= budget
         assert pool.kept - pool.charged <= pool.loose_limit()
-    assert engine.stats()["evictions"] >= 40
+    assert engine.operator.stats()["evictions"] >= 40
     assert pool.reused >= 35  # after the first evictions every block reuses its victim's buffer
     assert engine.store.get(T, B, f"k{n + 39}").data[0] == (n + 39) % 251
 
@@ -149,7 +149,7 @@ def test_an_idle_node_gives_every_kept_buffer_back(clock: FakeClock) -> None:
     pool = engine.store.buffers
     for i in range(8):
         store(engine, f"k{i}", i)
-        engine.delete(T, B, f"k{i}")
+        engine.store.delete(T, B, f"k{i}")
     engine.reap()
     assert pool.kept > 0
     clock.now += IDLE_SECONDS / 2
@@ -198,7 +198,7 @@ def test_a_size_no_longer_asked_for_gives_its_room_to_another(clock: FakeClock) 
     for step in range(int(IDLE_SECONDS) + 2):
         for i in range(4):
             store(engine, f"big{step}-{i}", 2, MiB)
-            engine.delete(T, B, f"big{step}-{i}")
+            engine.store.delete(T, B, f"big{step}-{i}")
         clock.now += 1
         engine.reap()
     assert MiB in pool._free and -(-BLOCK // PAGE) * PAGE not in pool._free
@@ -215,15 +215,15 @@ def test_room_is_made_after_a_size_was_taken_empty(clock: FakeClock) -> None:
     pool = engine.store.buffers
     store(engine, "big", 1, 2 * BLOCK)  # the largest size, kept once, then taken again
     store(engine, "small", 2)
-    engine.delete(T, B, "big")
-    engine.delete(T, B, "small")
+    engine.store.delete(T, B, "big")
+    engine.store.delete(T, B, "small")
     engine.reap()
     store(engine, "big2", 3, 2 * BLOCK)
     assert pool.charged > 0
     size = 1 * MiB  # fill the budget: room must come from the kept buffer, then from blocks
     for i in range(12):
         store(engine, f"fill{i}", 4, size)
-    assert engine.used <= budget and pool.charged == 0
+    assert engine.budget.used <= budget and pool.charged == 0
 
 
 def test_a_run_taken_at_once_reuses_and_uncharges_as_one_by_one(clock: FakeClock) -> None:

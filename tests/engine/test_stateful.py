@@ -44,7 +44,7 @@ class EngineMachine(RuleBasedStateMachine):
                              clock=self.clock)
         for name in BUCKETS:
             self.engine.create_bucket(T, name)
-        self.engine.bucket(T, "sliding").sliding_ttl = True
+        self.engine.store.bucket(T, "sliding").sliding_ttl = True
         self.model: dict[tuple[str, str], StoredObject] = {}
         self.pins: dict[StoredObject, float] = {}  # pin end per object, as the model sees it
         self.reservations: list[Reservation] = []
@@ -87,12 +87,12 @@ class EngineMachine(RuleBasedStateMachine):
         unpinned = sum(o.charge for o in stored(self.engine)
                        if not self.pins.get(o, 0.0) > now and o is not replacing)
         credit = replacing.charge if replacing is not None else 0
-        assert self.engine.config.budget - self.engine.used + credit + unpinned < need
+        assert self.engine.config.budget - self.engine.budget.used + credit + unpinned < need
 
     def _check_evicted_only_what_was_needed(self) -> None:
         evicted = [obj for reason, obj in self.events if reason == "evicted"]
         if evicted:  # before the last eviction, the write did not fit yet
-            assert self.engine.used + evicted[-1].charge > self.engine.config.budget
+            assert self.engine.budget.used + evicted[-1].charge > self.engine.config.budget
 
     def _reserve(self, size: int) -> Reservation | None:
         try:
@@ -129,7 +129,7 @@ class EngineMachine(RuleBasedStateMachine):
             kwargs["if_match"] = '"not-an-etag"'
         elif cond == "if_match_star":
             kwargs["if_match"] = "*"
-        used_before = engine.used - (reservation.nbytes if reservation else 0)
+        used_before = engine.budget.used - (reservation.nbytes if reservation else 0)
         charge = object_charge(key, data, {}, {}, {})
         try:
             obj = engine.put(T, bucket, key, data, etag=md5_etag(data), ttl=ttl, reservation=reservation,
@@ -138,16 +138,16 @@ class EngineMachine(RuleBasedStateMachine):
             assert visible is not None
             assert cond == "if_none_match" or (
                 cond.startswith("if_match") and kwargs["if_match"] != visible.etag)
-            assert engine.used == used_before and self._visible(bucket, key) is visible
+            assert engine.budget.used == used_before and self._visible(bucket, key) is visible
         except errors.NoSuchKey:
             assert cond.startswith("if_match") and visible is None
-            assert engine.used == used_before
+            assert engine.budget.used == used_before
         except errors.InvalidArgument:
             assert ttl is not None and ttl <= 0
-            assert engine.used == used_before and self._visible(bucket, key) is visible
+            assert engine.budget.used == used_before and self._visible(bucket, key) is visible
         except errors.EntityTooLarge:
             assert charge > engine.config.budget
-            assert engine.used == used_before and self._visible(bucket, key) is visible
+            assert engine.budget.used == used_before and self._visible(bucket, key) is visible
         except errors.InsufficientCapacity as exc:
             assert exc.retry_after > 0
             self._check_capacity_error(charge, replacing=visible)
@@ -187,7 +187,7 @@ class EngineMachine(RuleBasedStateMachine):
         if mode == "lookup":
             expected = [self._visible(bucket, k) for k in keys]
             before = [o.expires_at if o else None for o in expected]
-            assert engine.lookup(T, bucket, keys) == expected
+            assert engine.store.lookup(T, bucket, keys) == expected
             for obj, was in zip(expected, before):
                 if obj is not None and bucket == "sliding":
                     assert obj.expires_at == max(was, self.clock.now + obj.ttl)
@@ -196,11 +196,11 @@ class EngineMachine(RuleBasedStateMachine):
         visible = self._visible(bucket, key)
         if visible is None:
             with pytest.raises(errors.NoSuchKey):
-                engine.get(T, bucket, key, record=mode == "get")
+                engine.store.get(T, bucket, key, record=mode == "get")
             assert (bucket, key) not in self.model
             return
         before = visible.expires_at
-        assert engine.get(T, bucket, key, record=mode == "get") is visible
+        assert engine.store.get(T, bucket, key, record=mode == "get") is visible
         if mode == "get" and bucket == "sliding":
             assert visible.expires_at == max(before, self.clock.now + visible.ttl)
         else:
@@ -209,7 +209,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(bucket=st.sampled_from(BUCKETS), key=st.sampled_from(KEYS))
     def delete(self, bucket: str, key: str) -> None:
         visible = self._visible(bucket, key)
-        assert self.engine.delete(T, bucket, key) is (visible is not None)
+        assert self.engine.store.delete(T, bucket, key) is (visible is not None)
         assert (bucket, key) not in self.model
 
     @rule(bucket=st.sampled_from(BUCKETS), keys=st.lists(st.sampled_from(KEYS), max_size=3, unique=True),
@@ -219,13 +219,13 @@ class EngineMachine(RuleBasedStateMachine):
         if unpin:
             pinned = [o for o in (self.model.get((bucket, k)) for k in keys)
                       if o is not None and self.pins.get(o, 0.0) > now]
-            assert self.engine.unpin(T, bucket, keys) == len(pinned)
+            assert self.engine.store.unpin(T, bucket, keys) == len(pinned)
             for obj in pinned:
                 del self.pins[obj]
             return
         until = now + min(seconds, self.engine.config.max_pin)
         live = [o for o in (self._visible(bucket, k) for k in keys) if o is not None]
-        assert self.engine.pin(T, bucket, keys, seconds) == len(live)
+        assert self.engine.store.pin(T, bucket, keys, seconds) == len(live)
         for obj in live:
             self.pins[obj] = max(self.pins.get(obj, 0.0), until)
             assert obj.pinned_until == self.pins[obj]
@@ -236,7 +236,7 @@ class EngineMachine(RuleBasedStateMachine):
         now = self.clock.now
         live = [o for o in (self._visible(bucket, k) for k in keys) if o is not None]
         before = {o: o.expires_at for o in live}
-        assert self.engine.touch(T, bucket, keys, ttl) == len(live)
+        assert self.engine.store.touch(T, bucket, keys, ttl) == len(live)
         for obj in live:
             life = min(ttl if ttl is not None else obj.ttl, self.engine.config.max_ttl)
             assert obj.expires_at == max(before[obj], now + life)
@@ -261,10 +261,10 @@ class EngineMachine(RuleBasedStateMachine):
     def reservation(self, size: int, release: bool, data: st.DataObject) -> None:
         if release and self.reservations:
             reservation = self.reservations.pop(data.draw(st.integers(0, len(self.reservations) - 1)))
-            used, nbytes = self.engine.used, reservation.nbytes
+            used, nbytes = self.engine.budget.used, reservation.nbytes
             reservation.release()
             reservation.release()
-            assert self.engine.used == used - nbytes
+            assert self.engine.budget.used == used - nbytes
             return
         self.events.clear()
         reservation = self._reserve(size)
@@ -279,7 +279,7 @@ class EngineMachine(RuleBasedStateMachine):
                   data: st.DataObject) -> None:
         engine = self.engine
         if action == "create" or not self.uploads:
-            upload = engine.create_upload(T, bucket, key, ttl=None, content_type="x", headers={},
+            upload = engine.multipart.create(T, bucket, key, ttl=None, content_type="x", headers={},
                                           user_meta={})
             self.uploads.append((bucket, key, upload.upload_id))
             return
@@ -289,19 +289,19 @@ class EngineMachine(RuleBasedStateMachine):
             self.counter += 1
             body = payload(self.counter, size)
             try:
-                part = engine.put_part(T, bucket, key, uid, number, body, md5=hashlib.md5(body).digest(),
+                part = engine.multipart.put_part(T, bucket, key, uid, number, body, md5=hashlib.md5(body).digest(),
                                        checksums={})
             except errors.InsufficientCapacity:
                 self._check_capacity_error(size)
             else:
                 assert upload.parts[number] is part
         elif action == "abort":
-            parts, charged = engine.parts_bytes, upload.charged
-            engine.abort_upload(T, bucket, key, uid)
+            parts, charged = engine.budget.parts, upload.charged
+            engine.multipart.abort(T, bucket, key, uid)
             self.uploads.remove((bucket, key, uid))
-            assert engine.parts_bytes == parts - charged and uid not in engine.multipart.uploads
+            assert engine.budget.parts == parts - charged and uid not in engine.multipart.uploads
             with pytest.raises(errors.NoSuchUpload):
-                engine.abort_upload(T, bucket, key, uid)
+                engine.multipart.abort(T, bucket, key, uid)
         else:
             parts = [(n, p.etag) for n, p in sorted(upload.parts.items())]
             expected = b"".join(bytes(upload.parts[n].data) for n, _ in parts)
@@ -344,10 +344,10 @@ class EngineMachine(RuleBasedStateMachine):
         now = self.clock.now
         objs = stored(engine)
         parts = sum(p.charge for u in engine.multipart.uploads.values() for p in u.parts.values())
-        assert engine.used <= engine.config.budget
-        assert engine.used == sum(o.charge for o in objs) + parts + engine.state_bytes + engine.reserved
-        assert engine.reserved == sum(r.nbytes for r in self.reservations)
-        assert engine.parts_bytes == parts
+        assert engine.budget.used <= engine.config.budget
+        assert engine.budget.used == sum(o.charge for o in objs) + parts + engine.budget.state + engine.budget.reserved
+        assert engine.budget.reserved == sum(r.nbytes for r in self.reservations)
+        assert engine.budget.parts == parts
         assert {(o.bucket, o.key): o for o in objs} == self.model
         for bucket in engine.store.buckets.values():
             assert bucket.stats.objects == len(bucket.objects)
@@ -355,7 +355,7 @@ class EngineMachine(RuleBasedStateMachine):
         for bucket in engine.store.buckets.values():  # each bucket's LRU list holds exactly its live objects
             assert set(bucket.lru) == set(bucket.objects.values()) and len(bucket.lru) == len(bucket.objects)
             assert bucket.stats.charged == sum(o.charge for o in bucket.objects.values())
-        assert engine.pinned_bytes >= sum(o.charge for o in objs if o.pinned(now))
+        assert engine.budget.pinned >= sum(o.charge for o in objs if o.pinned(now))
         for name in BUCKETS:
             assert keys_of(engine, name) == sorted(
                 k for (b, k), o in self.model.items() if b == name and not o.expired(now))

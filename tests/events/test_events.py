@@ -494,7 +494,7 @@ def test_replaced_objects_fold_into_their_new_stored_event() -> None:
     engine.create_bucket("tenant", "bkt")
     engine.put("tenant", "bkt", "k", b"1", etag='"1"')
     engine.put("tenant", "bkt", "k", b"22", etag='"2"')
-    engine.delete("tenant", "bkt", "k")
+    engine.store.delete("tenant", "bkt", "k")
     hub.flush_now()
     assert [(e.seq, e.type, e.size, e.reason) for e in hub.ring] == [
         (1, "stored", 1, None), (2, "stored", 2, None), (3, "removed", 2, "deleted")]

@@ -86,7 +86,7 @@ def test_victims_are_demoted_and_every_block_reads_back_verified(tmp_path: Path)
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 96)  # 1.5 MiB of payload against a 512 KiB budget
         await settle(engine)
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["used"] <= stats["budget"]
         assert stats["evictions"] == 0 and stats["demotions"] >= 96 - stats["objects"]
         assert stats["disk_objects"] + stats["objects"] >= 96
@@ -94,9 +94,9 @@ def test_victims_are_demoted_and_every_block_reads_back_verified(tmp_path: Path)
             obj = await engine.fetch(TENANT, BUCKET, key)
             assert check_payload(key, obj.data) == 0
         await engine.housekeep_disk()  # the flash index lives in RAM: it is charged to the budget
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["disk_index_bytes"] > 0 and stats["state_bytes"] >= stats["disk_index_bytes"]
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["hits"] == 96 and stats["misses"] == 0
         assert 0 < stats["disk_hits"] <= 96
         assert stats["promotions"] > 0
@@ -115,9 +115,9 @@ def test_read_buffers_kept_for_the_next_flash_read_are_charged_to_the_budget(tmp
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 96)  # 1.5 MiB of 16 KiB blocks, adjacent on flash: one run, a 2 MiB buffer
         await settle(engine)
-        assert engine.stats()["objects"] == 0
+        assert engine.operator.stats()["objects"] == 0
         await engine.housekeep_disk()
-        before = engine.state_bytes
+        before = engine.budget.state
         got = await engine.fetch_many(TENANT, BUCKET, keys)
         assert [check_payload(k, o.data) if o else None for k, o in zip(keys, got)] == [0] * 96
         del got
@@ -126,7 +126,7 @@ def test_read_buffers_kept_for_the_next_flash_read_are_charged_to_the_budget(tmp
         kept = engine.tier.flash.stats().buffer_bytes
         assert 0 < kept <= 2 * MiB  # an eighth of the budget at most
         await engine.housekeep_disk()
-        assert engine.state_bytes == before + kept
+        assert engine.budget.state == before + kept
         await engine.close()
 
     run(go)
@@ -146,7 +146,7 @@ def test_a_victim_is_served_from_ram_until_its_flash_write_lands(tmp_path: Path)
         got = await engine.fetch_many(TENANT, BUCKET, [waiting.key])
         assert got[0] is not None and check_payload(waiting.key, got[0].data) == 0
         await settle(engine)
-        assert not engine.tier.writes.demoting and engine.stats()["disk_queued_bytes"] == 0
+        assert not engine.tier.writes.demoting and engine.operator.stats()["disk_queued_bytes"] == 0
         await engine.close()
 
     run(go)
@@ -170,7 +170,7 @@ def test_a_write_that_finds_the_demotion_queue_full_is_refused_and_no_victim_is_
         assert isinstance(errors.FlashQueueFull(), errors.InsufficientCapacity)  # SlowDown to a client
         await drain(engine)
         assert {r for _, r in removed} == {"demoted"}
-        assert engine.stats()["evictions"] == 0 and engine.stats()["disk_queued_bytes"] == 0
+        assert engine.operator.stats()["evictions"] == 0 and engine.operator.stats()["disk_queued_bytes"] == 0
         for key in stored:  # every write that was answered is readable, from RAM or flash
             assert (await engine.fetch(TENANT, BUCKET, key, record=False)) is not None, key
         await engine.close()
@@ -188,9 +188,9 @@ def test_writes_wait_for_the_demotion_queue_and_every_one_is_kept(tmp_path: Path
         engine.create_bucket(TENANT, BUCKET)
         keys = [f"k{i:04d}" for i in range(120)]  # almost 4x RAM, in a burst
         for key in keys:
-            await engine.with_write_room(lambda key=key: put(engine, key))  # type: ignore[misc]
+            await engine.tier.with_write_room(lambda key=key: put(engine, key))  # type: ignore[misc]
         await drain(engine)
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["disk_write_waits"] > 0 and stats["disk_write_refusals"] == 0
         assert set(removed) == {"demoted"} and stats["evictions"] == 0
         for key in keys:
@@ -215,10 +215,10 @@ def test_a_write_waits_at_most_disk_write_wait_for_a_stalled_device(tmp_path: Pa
         written: list[str] = []
         with pytest.raises(errors.InsufficientCapacity, match="stayed full for 0.3 s") as refused:
             for i in range(60):
-                await engine.with_write_room(lambda i=i: put(engine, f"k{i:04d}"))  # type: ignore[misc]
+                await engine.tier.with_write_room(lambda i=i: put(engine, f"k{i:04d}"))  # type: ignore[misc]
                 written.append(f"k{i:04d}")
         assert not isinstance(refused.value, errors.FlashQueueFull)
-        assert engine.stats()["disk_write_refusals"] == 1
+        assert engine.operator.stats()["disk_write_refusals"] == 1
         for key in written:  # what was acknowledged is still served (from RAM or the demotion queue)
             assert (await engine.fetch(TENANT, BUCKET, key, record=False)) is not None, key
         monkeypatch.undo()
@@ -245,19 +245,19 @@ def test_direct_writes_that_find_the_queue_full_wait_in_ram_and_go_down_in_turn(
         assert engine.tier is not None
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 12)  # all at once: two fit the queue, ten wait in RAM, oldest first
-        assert engine.stats()["disk_direct_waiting"] == 10
+        assert engine.operator.stats()["disk_direct_waiting"] == 10
         assert [key for _, key in engine.tier.writes.direct_waiting] == keys[2:]
         assert all(in_ram(engine, key) for key in keys[2:])
         got = await engine.fetch_many(TENANT, BUCKET, keys)
         assert [check_payload(k, o.data) if o else None for k, o in zip(keys, got)] == [0] * 12
         deleted, shrunk = keys[5], keys[6]
-        assert engine.delete(TENANT, BUCKET, deleted)
+        assert engine.store.delete(TENANT, BUCKET, deleted)
         put(engine, shrunk, version=1, size=BLOCK // 2)  # below the direct size now: it stays in RAM
         await drain(engine)
         sent = [k for k in keys if k not in (deleted, shrunk)]
         assert all(on_flash(engine, k) and not in_ram(engine, k) for k in sent)
         assert not on_flash(engine, deleted) and not on_flash(engine, shrunk) and in_ram(engine, shrunk)
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["disk_objects"] == 10 and stats["disk_direct_waiting"] == 0 and stats["evictions"] == 0
         got = await engine.fetch_many(TENANT, BUCKET, sent + [shrunk])
         assert [check_payload(k, o.data) if o else None for k, o in zip(sent + [shrunk], got)] == [0] * 10 + [1]
@@ -311,7 +311,7 @@ def test_short_lived_victims_are_dropped_not_demoted(tmp_path: Path) -> None:
         for i in range(60):
             put(engine, f"s{i}", ttl=10.0)
         await settle(engine)
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["demotions"] == 0 and stats["evictions"] > 0 and stats["disk_objects"] == 0
         await engine.close()
 
@@ -330,12 +330,12 @@ def test_a_promoted_block_goes_back_to_flash_without_being_written_again(tmp_pat
         assert on_flash(engine, first) and not in_ram(engine, first)
         await engine.fetch(TENANT, BUCKET, first)  # promoted
         assert in_ram(engine, first)
-        written = engine.stats()["disk_bytes_written"]
+        written = engine.operator.stats()["disk_bytes_written"]
         for i in range(64, 128):  # push it out of RAM again
             put(engine, f"k{i:04d}")
         await settle(engine)
         assert not in_ram(engine, first) and on_flash(engine, first)
-        extra = engine.stats()["disk_bytes_written"] - written
+        extra = engine.operator.stats()["disk_bytes_written"] - written
         # 64 new blocks were written; the promoted one was not written a second time.
         assert extra < 65 * BLOCK + 64 * 4096
         assert check_payload(first, (await engine.fetch(TENANT, BUCKET, first)).data) == 0
@@ -353,7 +353,7 @@ def test_write_back_copies_every_block_to_flash_and_eviction_then_writes_nothing
         keys = fill(engine, 16)  # half of RAM: nothing has to be evicted
         await drain(engine)
         assert all(in_ram(engine, k) and on_flash(engine, k) for k in keys), "inclusive: in RAM and on flash"
-        written = engine.stats()["disk_bytes_written"]
+        written = engine.operator.stats()["disk_bytes_written"]
         assert written >= 16 * BLOCK
         more = [f"m{i:04d}" for i in range(40)]
         for key in more:  # three times what is left of RAM: the first blocks are evicted
@@ -361,7 +361,7 @@ def test_write_back_copies_every_block_to_flash_and_eviction_then_writes_nothing
         await drain(engine)
         gone = [k for k in keys if not in_ram(engine, k)]
         assert gone and all(on_flash(engine, k) for k in gone)
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["evictions"] == 0 and stats["demotions"] >= len(gone)
         # The evicted blocks were not written again: only the new blocks' copies were.
         assert stats["disk_bytes_written"] - written < 40 * (BLOCK + 4096)
@@ -382,11 +382,11 @@ def test_a_key_deleted_or_replaced_while_its_copy_is_written_never_comes_back(tm
         put(engine, "deleted")
         put(engine, "replaced")
         assert engine.tier is not None and len(engine.tier.writes.copying) == 2  # copies queued, not yet written
-        assert engine.delete(TENANT, BUCKET, "deleted")
+        assert engine.store.delete(TENANT, BUCKET, "deleted")
         put(engine, "replaced", version=1)
         put(engine, "in-writer")
         await asyncio.sleep(0)  # its copy handed to the flash writer (written or not yet: both must hold)
-        assert engine.delete(TENANT, BUCKET, "in-writer")
+        assert engine.store.delete(TENANT, BUCKET, "in-writer")
         await drain(engine)
         assert not on_flash(engine, "deleted") and not on_flash(engine, "in-writer")
         await engine.close()
@@ -409,13 +409,13 @@ def test_without_promotion_flash_hits_are_sent_from_a_transient_buffer_counted_w
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 64)
         await settle(engine)
-        used = engine.used
+        used = engine.budget.used
         obj = await engine.fetch(TENANT, BUCKET, keys[0])
         assert obj.transient and not in_ram(engine, keys[0])
-        release = engine.lease(obj)
-        assert engine.used == used + obj.charge and engine.sending_bytes >= obj.charge
+        release = engine.store.lease(obj)
+        assert engine.budget.used == used + obj.charge and engine.budget.sending >= obj.charge
         release()
-        assert engine.used == used
+        assert engine.budget.used == used
         await engine.close()
 
     run(go)
@@ -435,7 +435,7 @@ def test_overwrite_and_delete_reach_the_flash_copy_and_stay_so_after_a_restart(t
         replaced, deleted = keys[0], keys[1]
         assert on_flash(engine, replaced) and on_flash(engine, deleted)
         put(engine, replaced, version=1)
-        assert engine.delete(TENANT, BUCKET, deleted)
+        assert engine.store.delete(TENANT, BUCKET, deleted)
         assert check_payload(replaced, (await engine.fetch(TENANT, BUCKET, replaced)).data) == 1
         with pytest.raises(errors.NoSuchKey):
             await engine.fetch(TENANT, BUCKET, deleted)
@@ -490,7 +490,7 @@ def test_touch_and_sliding_ttl_extend_flash_resident_blocks(tmp_path: Path) -> N
         await settle(engine)
         first = keys[0]
         assert on_flash(engine, first) and not in_ram(engine, first)
-        assert engine.touch(TENANT, BUCKET, [first], ttl=1000.0) == 1
+        assert engine.store.touch(TENANT, BUCKET, [first], ttl=1000.0) == 1
         clock.t += 500
         assert check_payload(first, (await engine.fetch(TENANT, BUCKET, first)).data) == 0
         with pytest.raises(errors.NoSuchKey):
@@ -568,7 +568,7 @@ def test_locate_and_prefetch(tmp_path: Path) -> None:
             if all(in_ram(engine, k) for k in cold):
                 break
         assert all(in_ram(engine, k) for k in cold)
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["prefetches"] == 8 and stats["promotions"] >= 8
         await engine.close()
 
@@ -600,7 +600,7 @@ def test_buckets_policies_and_quotas_come_back_and_dropped_buckets_stay_empty(tm
         again = await opened(tmp_path, clock)
         bucket = again.store.buckets[BUCKET]
         assert (bucket.owner, bucket.default_ttl, bucket.sliding_ttl) == (TENANT, 1234.0, True)
-        assert again.tenant_usage(TENANT)[0] == 4 * MiB
+        assert again.budget.tenant_usage(TENANT)[0] == 4 * MiB
         assert "gone" not in again.store.buckets
         again.create_bucket(OTHER, "gone")  # another tenant takes the name: it sees nothing of the old one
         assert [o async for o in again.list_objects(OTHER, "gone")] == []
@@ -621,7 +621,7 @@ def test_a_clean_shutdown_spills_ram_so_a_restart_has_everything(tmp_path: Path)
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 20)  # fits in RAM: nothing demoted
         await settle(engine)
-        assert engine.stats()["demotions"] == 0
+        assert engine.operator.stats()["demotions"] == 0
         assert await engine.close(spill_seconds=5) == 20
         again = Engine(config(tmp_path), clock=clock)
         seen: list[tuple[str, str, str | None]] = []
@@ -670,10 +670,10 @@ def test_a_shutdown_spill_of_many_batches_keeps_to_its_deadline(tmp_path: Path, 
                               disk_write_back=False)
         engine.create_bucket(TENANT, BUCKET)
         keys = fill(engine, 384)  # 6 MiB, all in RAM: three batches
-        assert engine.stats()["disk_objects"] == 0
+        assert engine.operator.stats()["disk_objects"] == 0
         spilled = await engine.close(spill_seconds=seconds)
         again = await opened(tmp_path, clock, budget=16 * MiB, disk_size=64 * MiB, disk_segment_size=4 * MiB)
-        assert again.stats()["disk_objects"] == spilled
+        assert again.operator.stats()["disk_objects"] == spilled
         if seconds > 1:
             assert spilled == 384
         else:  # past the deadline after the first batch: what it wrote, no more, and no wait
@@ -736,7 +736,7 @@ def test_a_tenant_with_a_quota_keeps_to_its_share_of_flash(tmp_path: Path) -> No
         await engine.housekeep_disk()
         share = 128 * KiB * (8 * MiB) // (512 * KiB)
         assert engine.tier.context.tenant_disk[TENANT] <= share + BLOCK
-        assert engine.stats()["evictions"] > 0  # beyond its share its victims were dropped
+        assert engine.operator.stats()["evictions"] > 0  # beyond its share its victims were dropped
         await engine.close()
 
     run(go)
@@ -758,7 +758,7 @@ def test_demotion_events_are_a_medium_change(tmp_path: Path) -> None:
         assert (first, "demoted") in ram
         i = disk.index(("removed", first, "demoted"))
         assert disk[i + 1] == ("stored", first, None)  # at once after it
-        engine.delete(TENANT, BUCKET, first)
+        engine.store.delete(TENANT, BUCKET, first)
         assert disk[-1] == ("removed", first, "deleted")
         await engine.close()
 
@@ -785,7 +785,7 @@ def test_a_corrupted_record_is_a_counted_miss_never_served(tmp_path: Path) -> No
             f.write(bytes([byte[0] ^ 0x01]))
         with pytest.raises(errors.NoSuchKey):
             await engine.fetch(TENANT, BUCKET, victim)
-        assert engine.stats()["disk_corrupt"] == 1
+        assert engine.operator.stats()["disk_corrupt"] == 1
         with pytest.raises(errors.NoSuchKey):  # dropped: still a miss
             await engine.fetch(TENANT, BUCKET, victim)
         await engine.close()

@@ -132,7 +132,7 @@ def test_a_prefetch_and_the_get_that_follows_it_read_each_record_once(tmp_path: 
         assert all(in_ram(engine, k) for k in keys)
         read = device_bytes(engine) - before
         assert 48 * BLOCK <= read < 1.1 * 48 * BLOCK, read / (48 * BLOCK)
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["promotions"] == 48 and stats["disk_corrupt"] == 0
         # In RAM now: another prefetch reads nothing.
         assert engine.prefetch(TENANT, BUCKET, keys)["started"] == 0
@@ -148,7 +148,7 @@ def test_concurrent_gets_of_the_same_flash_blocks_share_one_read(tmp_path: Path)
         engine = await opened(tmp_path, clock, disk_promote=False)  # every get would read the device
         keys = [f"k{i:03d}" for i in range(32)]
         await on_flash(engine, keys)
-        before, used = device_bytes(engine), engine.used
+        before, used = device_bytes(engine), engine.budget.used
         answers = await asyncio.gather(*(engine.fetch_many(TENANT, BUCKET, keys) for _ in range(4)),
                                        engine.fetch(TENANT, BUCKET, keys[5]))
         read = device_bytes(engine) - before
@@ -159,11 +159,11 @@ def test_concurrent_gets_of_the_same_flash_blocks_share_one_read(tmp_path: Path)
         assert check_payload(keys[5], single.data) == 0
         # Each reader has its own object (sent and counted on its own), over the one payload read.
         assert gets[0][5] is not gets[1][5] and gets[0][5] is not single
-        releases = [engine.lease(o) for got in gets for o in got if o is not None]
-        assert engine.sending_bytes > 0
+        releases = [engine.store.lease(o) for got in gets for o in got if o is not None]
+        assert engine.budget.sending > 0
         for release in releases:
             release()
-        assert engine.used == used and engine.sending_bytes == 0
+        assert engine.budget.used == used and engine.budget.sending == 0
         assert engine.tier is not None and not engine.tier.reads._reading  # nothing left joinable
         await engine.close()
 
@@ -231,7 +231,7 @@ def test_a_block_deleted_while_it_is_being_read_is_served_to_no_reader(tmp_path:
         gate = Gate(engine, monkeypatch, first_only=True)
         early = asyncio.create_task(engine.fetch(TENANT, BUCKET, "gone"))
         await turns()
-        assert engine.delete(TENANT, BUCKET, "gone")
+        assert engine.store.delete(TENANT, BUCKET, "gone")
         late = asyncio.create_task(engine.fetch(TENANT, BUCKET, "gone"))
         await turns()
         gate.open()
@@ -285,7 +285,7 @@ def test_ram_is_back_within_the_budget_once_flash_reads_are_done(tmp_path: Path)
         for start in range(0, len(keys), 8):  # reads of 512 KiB: the flash store keeps their 1 MiB buffers
             got = await engine.fetch_many(TENANT, BUCKET, keys[start:start + 8])
             assert all(o is not None and check_payload(k, o.data) == 0 for k, o in zip(keys[start:], got))
-            releases = [engine.lease(o) for o in got if o is not None]  # sent, then done
+            releases = [engine.store.lease(o) for o in got if o is not None]  # sent, then done
             for release in releases:
                 release()
             del got
@@ -296,7 +296,7 @@ def test_ram_is_back_within_the_budget_once_flash_reads_are_done(tmp_path: Path)
                 break
         await engine.housekeep_disk()  # what a node does every second
         assert engine.tier is not None
-        stats = engine.stats()
+        stats = engine.operator.stats()
         kept = engine.tier.flash.stats().buffer_bytes
         assert kept > 0, "the read buffers came back (promoted blocks are copies, not views of them)"
         assert stats["state_bytes"] >= kept + stats["disk_index_bytes"]
@@ -327,11 +327,11 @@ def test_read_buffers_give_way_when_no_room_can_be_made(tmp_path: Path) -> None:
                 obj = engine.put(TENANT, BUCKET, f"p{i}", b"x" * (48 * KiB), etag='"x"')
             except errors.InsufficientCapacity:
                 break
-            engine.pin(TENANT, BUCKET, [obj.key], 600)
+            engine.store.pin(TENANT, BUCKET, [obj.key], 600)
             pinned += 1
         assert pinned > 0
         await engine.housekeep_disk()
-        stats = engine.stats()
+        stats = engine.operator.stats()
         assert stats["used"] <= stats["budget"], stats["used"] / stats["budget"]
         await engine.close()
 

@@ -426,7 +426,7 @@ def test_abandoned_upload_is_dropped_after_upload_ttl() -> None:
     node.advance(0.2)  # past the upload TTL: the next housekeeping pass drops it and frees its parts
     node.housekeep()
     assert client.list_multipart_uploads(Bucket="stale").get("Uploads", []) == []
-    assert node.engine.parts_bytes == 0
+    assert node.engine.budget.parts == 0
     with pytest.raises(ClientError) as exc:
         client.upload_part(Bucket="stale", Key="k", UploadId=upload_id, PartNumber=2, Body=b"x")
     assert code_of(exc) == ("NoSuchUpload", 404)
