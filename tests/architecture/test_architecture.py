@@ -135,3 +135,14 @@ def test_test_modules_have_unique_names() -> None:
     # collide ("import file mismatch") as soon as one run collects both.
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_no_test_imports_a_conftest_module() -> None:
+    # "conftest" is whichever conftest.py pytest imported last (there are several): shared helpers are imported
+    # from support.
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            assert "conftest" not in names, f"{path.relative_to(ROOT)}:{node.lineno} imports conftest"

@@ -25,8 +25,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Node
-from support.nodes import make_client
+from support.nodes import Node, make_client
 from support.probes import Admin, start_probed_node
 
 CHUNK = 256 << 10

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ACCESS_KEY, SECRET_KEY, Node
-from support.nodes import serving, start_node
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, serving, start_node
 from test_vllm_connector import VLLM_PYTHON
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(300)]
