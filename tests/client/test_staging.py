@@ -123,8 +123,12 @@ def test_a_block_failing_verification_is_never_copied_to_the_destination(node: N
         out = torch.zeros(n, size, dtype=torch.uint8)
         result = ns.restore(tokens, out=out)
         assert proxy.faults_applied("flip")
-        k = result.n_blocks  # the first block of the third answer: chunks of 2 blocks, two received at once
-        assert k in (4, 6) and torch.equal(out[:k], blocks[:k]) and not out[k:].any()
+        # The restore ends at the first block of the answer that came third to the proxy: chunks of 2 blocks,
+        # requested concurrently, so which chunk that is depends on the order the requests reached it (4 or 6
+        # on a quiet machine, 2 seen under load). What must hold whatever the order: a whole prefix of intact
+        # blocks ending at a chunk's first block, and nothing after it copied.
+        k = result.n_blocks
+        assert k % 2 == 0 and k < n and torch.equal(out[:k], blocks[:k]) and not out[k:].any()
         assert store.metrics_snapshot()["checksum_failures"] == 1
 
 
