@@ -177,16 +177,16 @@ class EventHub:
         self.seq = seq
         self.ring.extend(batch)
         self.counters["events"] += n
-        if self.zmq is not None:
-            self.zmq.publish(batch, ts)  # first: a block's removal below drops its route
-        if self.routes is not None:
-            self._forget_routes(batch)
         self.counters["batches"] += 1
         if self._consumers:
             epoch, node = self.epoch, self.node_id
             frames = [(ev.bucket, ev.seq, encode_event(ev, epoch, node)) for ev in batch]
             for consumer in list(self._consumers):
                 consumer.offer(frames)
+        if self.zmq is not None:
+            self.zmq.publish(batch, ts)
+        if self.routes is not None:  # after the publisher: a block stored and removed in one batch had its route
+            self._forget_routes(batch)
 
     def _forget_routes(self, batch: list[Event]) -> None:
         """Drop the routes of blocks this batch leaves gone: their last event is a removal that is not a move
