@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, Protocol
 
 from . import wire
 from .errors import ContextStoreError, NodeTimeout, NodeUnavailable, ProtocolError
@@ -390,10 +390,16 @@ class Pool:
             raise NodeUnavailable(self.name, f"connect failed: {exc.strerror or exc}") from None
         return conn
 
-    async def request(self, head: bytes, body: Sequence[Buffer] | BodyStream, factory: ReaderFactory,
-                      *, idempotent: bool = True) -> Response:
+    def request(self, head: bytes, body: Sequence[Buffer] | BodyStream, factory: ReaderFactory,
+                *, idempotent: bool = True) -> Coroutine[Any, Any, Response]:
         """One request on a pooled connection. A stale keep-alive connection that fails before answering is
-        retried once on a fresh connection when the request is idempotent."""
+        retried once on a fresh connection when the request is idempotent. The pool's generation is taken when
+        the request is made, not when its coroutine first runs: a close() in between (a lane's pool closed while
+        the task that will use it waits for its first turn) must count for it too."""
+        return self._request(head, body, factory, idempotent, self._generation)
+
+    async def _request(self, head: bytes, body: Sequence[Buffer] | BodyStream, factory: ReaderFactory,
+                       idempotent: bool, generation: int) -> Response:
         async with self._slots:
             while self._idle:
                 conn = self._idle.pop()
@@ -401,7 +407,6 @@ class Pool:
                     break
             else:
                 conn = await self._connect()
-            generation = self._generation
             reused = conn.used
             try:
                 response = await conn.request(head, body, factory)
