@@ -4,6 +4,7 @@ wait until it is ready, stop it by its PID; and boto3 clients for them."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -30,30 +31,74 @@ OTHER_SECRET_KEY = "ctxstore-test-secret-key-0002"
 STARTED: list[subprocess.Popen] = []
 
 
+def _port_slice() -> range | None:
+    """The listening ports this test process picks from: below the kernel's ephemeral range, from which every
+    outgoing connection takes its local port (so none can take a port chosen here before its node binds it), and
+    a slice of their own for each pytest-xdist worker (so two workers never pick the same one). None where the
+    ephemeral range leaves too little room below it: then the kernel picks (port 0)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    first = 10000
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
+    worker = int((os.environ.get("PYTEST_XDIST_WORKER") or "gw0").removeprefix("gw") or 0) % workers
+    span = (low - first) // workers
+    if span < 1000:
+        return None
+    return range(first + worker * span, first + (worker + 1) * span)
+
+
+_PORTS = _port_slice()
+# Where this process starts in its slice: processes of one worker (a test's children) start apart, and a port
+# just closed (in TIME_WAIT) is not the next one tried.
+_cursor = random.randrange(len(_PORTS)) if _PORTS is not None else 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on now, from this process's slice (see :func:`_port_slice`)."""
+    return free_port_run(1)
 
 
 def free_port_run(n: int) -> int:
     """A first port with the n - 1 after it free as well (as far as anyone can tell before binding): for a
-    ``--workers n`` node, whose shards take consecutive ports."""
-    for _ in range(50):
-        first = free_port()
-        if first + n > 65535:
+    ``--workers n`` node, whose shards take consecutive ports. This process does not hand out any of them again
+    before it has gone round its slice."""
+    global _cursor
+    if _PORTS is None:
+        return _kernel_port_run(n)
+    for _ in range(len(_PORTS)):
+        first = _PORTS[_cursor % len(_PORTS)]
+        _cursor += 1
+        if first + n > _PORTS.stop:
             continue
-        socks = []
-        try:
-            for port in range(first, first + n):
-                socks.append(s := socket.socket())  # closed below even when its bind fails
-                s.bind(("127.0.0.1", port))
+        if _bindable(range(first, first + n)):
+            _cursor += n - 1
             return first
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
+    raise RuntimeError(f"no run of {n} free ports in {_PORTS}")
+
+
+def _bindable(ports: range) -> bool:
+    socks = []
+    try:
+        for port in ports:
+            socks.append(s := socket.socket())  # closed below even when its bind fails
+            s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _kernel_port_run(n: int) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            first = s.getsockname()[1]
+        if first + n <= 65536 and _bindable(range(first, first + n)):
+            return first
     raise RuntimeError("no run of free ports")
 
 
