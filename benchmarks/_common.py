@@ -335,6 +335,17 @@ def timed_dd(*args: str) -> float:
     return time.perf_counter() - t0
 
 
+def vllm_python() -> str:
+    """The vLLM venv's python: $CTXSTORE_VLLM_PYTHON, else the one scripts/test installs beside this venv."""
+    configured = os.environ.get("CTXSTORE_VLLM_PYTHON")
+    if configured:
+        return configured
+    beside = Path(sys.prefix + "-vllm") / "bin" / "python"
+    if not beside.exists():
+        raise SystemExit("no vLLM venv: run scripts/test once (it installs it) or set CTXSTORE_VLLM_PYTHON")
+    return str(beside)
+
+
 def distinct_blocks(size: int, n: int) -> list[memoryview]:
     """``n`` different blocks of ``size`` random bytes, without ``n × size`` bytes of urandom."""
     base = memoryview(os.urandom(size + n))

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import DOCS, baseline_env, git_worktree, pyplot, save_figure, source_state, today
+from _common import DOCS, baseline_env, git_worktree, pyplot, save_figure, source_state, stats, today
 
 CASES = ("locate, all present", "locate, half absent", "locate, all absent",
          "fetch_many, all present", "fetch_many, half absent", "fetch_many, all absent")
@@ -71,18 +71,14 @@ def child(keys: int, repeat: int) -> None:
         print(json.dumps(out), flush=True)
 
 
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, int(len(ordered) * 0.99 + 0.5) - 1)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", help="an earlier commit to measure in the same rounds")
     parser.add_argument("--keys", type=int, default=8192)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeat", type=int, default=40)
-    parser.add_argument("--plot", type=Path, default=DOCS / "benchmarks-engine-reads.png", help="where to write the PNG")
+    parser.add_argument("--plot", type=Path, default=DOCS / "benchmarks-engine-reads.png",
+                        help="where to write the PNG")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -97,7 +93,8 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, source: Path | None) -> None:
-    argv = [sys.executable, os.path.abspath(__file__), "--child", "--keys", str(args.keys), "--repeat", str(args.repeat)]
+    argv = [sys.executable, os.path.abspath(__file__), "--child", "--keys", str(args.keys),
+            "--repeat", str(args.repeat)]
     sides: dict[str, subprocess.Popen[str]] = {}
     sides["after"] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     if source is not None:
@@ -138,12 +135,13 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, float]]])
     print("|---|---:|---:|" + ("---:|---:|---:|" if both else ""))
     ratios: dict[str, float] = {}
     for case in CASES:
-        after = [r[case] for r in results["after"]]
-        row = f"| {case} | {statistics.median(after):.0f} | {p99(after):.0f} |"
+        median, p99 = stats([r[case] for r in results["after"]])
+        row = f"| {case} | {median:.0f} | {p99:.0f} |"
         if both:
-            before = [r[case] for r in results["before"]]
+            after, before = ([r[case] for r in results[side]] for side in ("after", "before"))
+            b_median, b_p99 = stats(before)
             ratios[case] = statistics.median(a / b for a, b in zip(after, before, strict=True))
-            row += f" {statistics.median(before):.0f} | {p99(before):.0f} | {ratios[case]:.2f} |"
+            row += f" {b_median:.0f} | {b_p99:.0f} | {ratios[case]:.2f} |"
         print(row)
     plot(results, args.plot, f"{today()} {source_state()}")
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import vllm_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 256 << 10
@@ -52,16 +53,6 @@ def pctl(values: list[float], q: float) -> float:
 def summary(values: list[float]) -> dict[str, float]:
     return {"median_ms": pctl(values, 0.5) * 1e3, "p90_ms": pctl(values, 0.9) * 1e3,
             "p99_ms": pctl(values, 0.99) * 1e3, "max_ms": max(values) * 1e3, "n": len(values)}
-
-
-def vllm_python() -> str:
-    configured = os.environ.get("CTXSTORE_VLLM_PYTHON")
-    if configured:
-        return configured
-    beside = Path(sys.prefix + "-vllm") / "bin" / "python"
-    if not beside.exists():
-        raise SystemExit("no vLLM venv: run scripts/test once (it installs it) or set CTXSTORE_VLLM_PYTHON")
-    return str(beside)
 
 
 # ---------------------------------------------------------------------------------------------- child: the tier

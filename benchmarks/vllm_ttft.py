@@ -54,7 +54,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "integrations"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _common import vllm_python  # noqa: E402
 from support.nodes import ACCESS_KEY, SECRET_KEY, make_client, start_node, wait_ready  # noqa: E402
 
 DRIVER = ROOT / "tests" / "integrations" / "vllm_driver.py"
@@ -64,16 +66,6 @@ ANSWER = "DRIVER "
 def pctl(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
-
-
-def vllm_python() -> str:
-    configured = os.environ.get("CTXSTORE_VLLM_PYTHON")
-    if configured:
-        return configured
-    beside = Path(sys.prefix + "-vllm") / "bin" / "python"
-    if not beside.exists():
-        raise SystemExit("no vLLM venv: run scripts/test once (it installs it) or set CTXSTORE_VLLM_PYTHON")
-    return str(beside)
 
 
 class Driver:
