@@ -17,9 +17,8 @@ from .errors import BulkError
 
 
 def frame_reply(frame: bytes, payloads: Sequence[bytes | bytearray | memoryview] = ()) -> Reply:
-    # Every answer says what this node takes beyond the first bulk API (a client uses it from then on).
-    headers = [("content-type", wire.CONTENT_TYPE), (wire.FEATURES_HEADER, wire.FEATURES)]
-    return Reply(200, headers, [frame, *payloads])
+    # The service adds the features header every answer carries (BulkService.features).
+    return Reply(200, [("content-type", wire.CONTENT_TYPE)], [frame, *payloads])
 
 
 _TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}  # the engine's tier names

@@ -47,6 +47,8 @@ class BulkService:
         self.lookup = lookup
         self.settings = settings  # limits are read per call: the admin API may change settings at run time
         self.routes = routes  # a node whose events feed a router asks puts for their blocks' routes
+        # Every answer says what this node takes beyond the first bulk API (a client uses it from then on).
+        self.features = wire.FEATURES if routes is None else f"{wire.FEATURES},{wire.FEATURE_PUT_ROUTE}"
 
     async def handle(self, req: Request) -> Reply:
         if req.method != "POST":
@@ -67,9 +69,7 @@ class BulkService:
                         self.routes)
         self.engine.store.bucket(call.tenant, bucket)  # tenant isolation before a byte of the body is read
         reply = await OPERATIONS[op](call)
-        if self.routes is not None:
-            reply.headers = [(name, f"{value},{wire.FEATURE_PUT_ROUTE}" if name == wire.FEATURES_HEADER else value)
-                             for name, value in reply.headers]
+        reply.headers.append((wire.FEATURES_HEADER, self.features))
         return reply
 
     def error_reply(self, req: Request, exc: Exception) -> Reply:
