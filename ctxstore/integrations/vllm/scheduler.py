@@ -153,6 +153,8 @@ class CtxStoreScheduler:
             if time.monotonic() - lookup.started < self.client.deadline:
                 return None  # still in flight: vLLM asks again next step
             lookup.future.cancel()
+            log.warning("ctxstore: lookup of %d blocks gave up after %.1f s: answered as a miss",
+                        lookup.n_blocks, time.monotonic() - lookup.started)
             sizes = []
             self.stats.add("lookup_errors")
         except Exception as exc:  # noqa: BLE001
