@@ -319,8 +319,14 @@ def test_read_buffers_give_way_when_no_room_can_be_made(tmp_path: Path) -> None:
         got = await engine.fetch_many(TENANT, BUCKET, keys[:8])
         assert all(o is not None for o in got)
         del got
-        await asyncio.sleep(0)  # the read's last references go with the loop's turn
-        assert engine.tier is not None and engine.tier.flash.stats().buffer_bytes > 0
+        # The read's last references go with the loop's turn and the reader threads' return (later on a busy
+        # machine): wait for its buffers to come back, at most 5 s.
+        assert engine.tier is not None
+        for _ in range(500):
+            if engine.tier.flash.stats().buffer_bytes > 0:
+                break
+            await asyncio.sleep(0.01)
+        assert engine.tier.flash.stats().buffer_bytes > 0
         pinned = 0
         for i in range(200):  # fill RAM with pinned blocks (smaller than direct writes: they stay in RAM)
             try:
