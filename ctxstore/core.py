@@ -8,6 +8,7 @@ mistakes always raise. :class:`~ctxstore.sync.ContextStore` runs this same core 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -304,6 +305,7 @@ class AsyncContextStore:
         if response.status == 200:
             node.put_trailer = wire.has_feature(response.headers, wire.FEATURE_PUT_TRAILER)
             node.put_route = wire.has_feature(response.headers, wire.FEATURE_PUT_ROUTE)
+            node.features_known = True
         else:
             error = _error_of(node, response)
             refused = isinstance(error, ProtocolError) and error.code == "MalformedFrame"
@@ -379,6 +381,18 @@ class AsyncContextStore:
                 self.metrics.count("slowdown_retries")
                 await asyncio.sleep(SLOWDOWN_PAUSE * 2 ** attempt * (0.5 + random.random()))
                 attempt += 1
+
+    async def _learn_features(self, bucket: str) -> None:
+        """An empty lookup to each up node that has not answered a bulk call yet, so that the first save to it
+        already carries what it asks for (a router's route: a save without one is not credited to routers).
+        Its failures are the save's to meet: ignored here."""
+        head = wire.encode_keys_request("lookup", wire.KeysRequest([]))
+
+        async def ask(node: Node) -> None:
+            with contextlib.suppress(ContextStoreError):
+                await self._call(node, bucket, "lookup", head, (), None, 0)
+
+        await asyncio.gather(*(ask(n) for n in self.pod.nodes if n.up and not n.features_known))
 
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
@@ -587,9 +601,10 @@ class AsyncContextStore:
         return await staging_module.restore(self._stager(target.device), target, event, fetch)
 
     async def put_keys_staged(self, bucket: str, keys: Sequence[str], blocks: Any, *,
-                              ttl: float | None = None) -> SaveResult:
+                              ttl: float | None = None, route: wire.PutRoute | None = None) -> SaveResult:
         """Save blocks from device memory through the staging pool, a chunk at a time: ``blocks`` is a tensor
-        with a block per row, a list of equally sized tensors, or a :class:`staging.Target`."""
+        with a block per row, a list of equally sized tensors, or a :class:`staging.Target`. ``route`` as for
+        :meth:`put_keys`."""
         check_bucket(bucket)
         if not keys:
             return SaveResult()
@@ -598,7 +613,8 @@ class AsyncContextStore:
         async def send(first: int, count: int, host: Any, size: int) -> SaveResult:
             arena = byte_view(host)
             views = [arena[i * size:(i + 1) * size] for i in range(count)]
-            return await self.put_keys(bucket, keys[first:first + count], views, ttl=ttl)
+            part = route.select(range(first, first + count)) if route is not None else None
+            return await self.put_keys(bucket, keys[first:first + count], views, ttl=ttl, route=part)
 
         total = SaveResult()
         for r in await staging_module.save(self._stager(source.device), source, event, send):
@@ -781,11 +797,12 @@ class AsyncNamespace:
             raise ConfigurationError(f"{len(blocks)} blocks for {len(keys)} full blocks of tokens")
         if ttl is not None and not ttl > 0:
             raise ConfigurationError("ttl must be positive")
+        keys = keys[:len(blocks)]
+        await self.store._learn_features(self.bucket)
+        route = self._route(tokens, keys) if any(n.put_route for n in self.store.pod.nodes) else None
         if staging_module.wants_staging(blocks, self.store.staging):
-            return await self.store.put_keys_staged(self.bucket, keys[:len(blocks)], blocks, ttl=ttl)
-        views = [byte_view(b) for b in blocks]
-        route = self._route(tokens, keys[:len(views)]) if any(n.put_route for n in self.store.pod.nodes) else None
-        return await self.store.put_keys(self.bucket, keys[:len(views)], views, ttl=ttl, route=route)
+            return await self.store.put_keys_staged(self.bucket, keys, blocks, ttl=ttl, route=route)
+        return await self.store.put_keys(self.bucket, keys, [byte_view(b) for b in blocks], ttl=ttl, route=route)
 
     def _route(self, tokens: Sequence[int], keys: list[str]) -> wire.PutRoute:
         """What a router's index needs of the blocks of ``keys`` (the first full blocks of ``tokens``): their

@@ -102,6 +102,8 @@ class Node:
     put_trailer: bool = False
     # ... and asked for each saved block's tokens, block size and parent (wire.FEATURE_PUT_ROUTE).
     put_route: bool = False
+    # Whether a bulk answer of this node said the above yet (before that, both read False).
+    features_known: bool = False
     probe: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

@@ -73,8 +73,8 @@ class ContextStore:
         return self._loop.run(self._async.get_keys_staged(bucket, keys, ready(out), pin=pin))
 
     def put_keys_staged(self, bucket: str, keys: Sequence[str], blocks: Any, *,
-                        ttl: float | None = None) -> SaveResult:
-        return self._loop.run(self._async.put_keys_staged(bucket, keys, ready(blocks), ttl=ttl))
+                        ttl: float | None = None, route: wire.PutRoute | None = None) -> SaveResult:
+        return self._loop.run(self._async.put_keys_staged(bucket, keys, ready(blocks), ttl=ttl, route=route))
 
     def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                 seconds: float = 0.0) -> int:

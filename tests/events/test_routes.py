@@ -91,9 +91,9 @@ def test_a_save_carries_its_route_only_to_a_node_that_asks(tmp_path: Path) -> No
             with ContextStore(node.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY) as store:
                 ns = store.namespace("routes", model="m", block_size=4, scheme="dynamo")
                 tokens = list(range(12))
-                ns.lookup(tokens)
-                assert store._async.pod.nodes[0].put_route is asks
+                # The client's first call to the node is this save: it learns what the node asks for first.
                 assert ns.save(tokens, [b"x" * 10] * 3).stored == 3
+                assert store._async.pod.nodes[0].put_route is asks
         keys = [int(k, 16) for k in ns.block_hashes(tokens)]
         stored: list[Any] = []
         deadline = time.monotonic() + 5

@@ -63,7 +63,6 @@ def run(store: ContextStore, dynamo: Indexer, node: Any, restart: Callable[[], A
     salt, other_salt = ns.fingerprint.hexdigest(), other.fingerprint.hexdigest()
     prompt = list(range(1000, 1000 + 8 * BLOCK_TOKENS))  # 8 blocks
     tokens = len(prompt)
-    ns.lookup(prompt)  # any bulk answer tells the client what the node asks of a save
     assert ns.save(prompt, blocks(8, 1)).stored == 8
 
     # Every saved block is credited, in RAM's tier (Dynamo's host tier: cpu and disk count it, gpu does not).
@@ -73,7 +72,6 @@ def run(store: ContextStore, dynamo: Indexer, node: Any, restart: Callable[[], A
     assert dynamo.match(prompt, None) is None and dynamo.match(prompt, other_salt) is None
 
     # Two salted namespaces with the same tokens do not alias: each is credited under its own salt only.
-    other.lookup(prompt)
     assert other.save(prompt, blocks(8, 2)).stored == 8
     dynamo.until(lambda: (dynamo.match(prompt, other_salt) or {}).get("longest_matched") == tokens,
                  "the second namespace credited")
