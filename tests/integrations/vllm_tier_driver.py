@@ -253,15 +253,22 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         # Until each client has marked the hung node (the last one) down and only it (the read timeout: about
         # 1.5 s here, later on a loaded machine, where a slow answer may also have marked the other down until
         # its probe), for at most 10 s.
+        # The scheduler steps meanwhile, as vLLM's does: each step drains the lookup answers that came back
+        # (those of the batches given up at the deadline too; left undrained, vLLM would hand such a stale
+        # MISS to the next request asking for the same keys).
         hung_port = int(nodes.split(",")[-1].rsplit(":", 1)[1])
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(
                 any(n.up == (n.port == hung_port) for n in tier.client.store.pod.nodes) for tier in (c, d)):
             time.sleep(0.1)
+        for tier in (c, d):
+            tier.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
         for name, tier in (("", c), ("lookups_only_", d)):
             answers, took, _ = resolve(tier, fresh, ReqContext(req_id="r6"))
-            report[f"hang_node_down_{name}lookup"] = {"hits": answers.count("HIT"),
-                                                      "misses": answers.count("MISS"), "seconds": took}
+            report[f"hang_node_down_{name}lookup"] = {
+                "hits": answers.count("HIT"), "misses": answers.count("MISS"), "seconds": took,
+                "nodes": [(n.port, n.up, n.last_error) for n in tier.client.store.pod.nodes],
+                "waited": round(time.monotonic() - deadline + 10, 2)}
         report["hang_node_down_lookups_only_lookup"]["first"] = sorted(set(d_first))
     finally:
         os.kill(hang_pid, signal.SIGCONT)
