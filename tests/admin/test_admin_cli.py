@@ -1,9 +1,12 @@
-"""``ctxstore admin`` against a real three-node pod: the CLI runs as a subprocess, S3 traffic comes from
-boto3, and every aggregate is checked against what each node holds."""
+"""``ctxstore admin`` against a real three-node pod: the CLI runs in the test process (its ``main``, as the
+command runs it; a few invocations run the real ``python -m ctxstore.cli admin`` process, see :func:`cli`), S3
+traffic comes from boto3, and every aggregate is checked against what each node holds."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
 import os
 import secrets
@@ -53,16 +56,52 @@ def names(nodes: list[Node]) -> str:
 
 
 def cli(*args: str, nodes: list[Node] | str | None = None, token: str | None = TOKEN,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in (admin.ENV_NODES, admin.ENV_TOKEN)}
-    full_env["COLUMNS"] = "220"
-    if nodes is not None:
-        full_env[admin.ENV_NODES] = nodes if isinstance(nodes, str) else names(nodes)
-    if token is not None:
-        full_env[admin.ENV_TOKEN] = token
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "ctxstore.cli", "admin", *args], capture_output=True,
-                          text=True, env=full_env, timeout=60)
+        env: dict[str, str] | None = None, process: bool = False) -> subprocess.CompletedProcess[str]:
+    """``ctxstore admin ARGS`` with ``nodes``, ``token`` and ``env`` as its only admin environment, 220 columns.
+
+    By default in this process: ``ctxstore.cli.main``, the function the command runs, with the environment set
+    for the call, stdout and stderr captured and ``SystemExit`` turned into the status the interpreter would
+    exit with; it spares the ~0.25 s of imports a process costs, for each of the file's invocations. The admin
+    CLI keeps no state between runs (a new ``Pod``, opener and rich ``Console`` each time, no logging), and a
+    captured stream is no TTY, so rich draws the same plain tables, at COLUMNS wide, as into a pipe. An
+    exception escaping ``main`` fails the test here, where the process would print a traceback and exit 1.
+
+    ``process=True`` runs the installed module as a process, for what only a process shows: the exit status
+    and streams the interpreter gives, for a usage error returned by ``main`` and for an argparse error exiting
+    through the interpreter (both tests check that the in-process run says the same), and ``top`` streaming
+    its frames into a pipe."""
+    if process:
+        full_env = {k: v for k, v in os.environ.items() if k not in (admin.ENV_NODES, admin.ENV_TOKEN)}
+        full_env["COLUMNS"] = "220"
+        if nodes is not None:
+            full_env[admin.ENV_NODES] = nodes if isinstance(nodes, str) else names(nodes)
+        if token is not None:
+            full_env[admin.ENV_TOKEN] = token
+        full_env.update(env or {})
+        return subprocess.run([sys.executable, "-m", "ctxstore.cli", "admin", *args], capture_output=True,
+                              text=True, env=full_env, timeout=60)
+
+    from ctxstore.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(admin.ENV_NODES, raising=False)
+        mp.delenv(admin.ENV_TOKEN, raising=False)
+        mp.setenv("COLUMNS", "220")
+        if nodes is not None:
+            mp.setenv(admin.ENV_NODES, nodes if isinstance(nodes, str) else names(nodes))
+        if token is not None:
+            mp.setenv(admin.ENV_TOKEN, token)
+        for name, value in (env or {}).items():
+            mp.setenv(name, value)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["admin", *args])
+            except SystemExit as exc:  # as the interpreter ends: a message goes to stderr, with status 1
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+                if exc.code is not None and not isinstance(exc.code, int):
+                    print(exc.code, file=sys.stderr)
+    return subprocess.CompletedProcess(["ctxstore", "admin", *args], code, out.getvalue(), err.getvalue())
 
 
 def cli_json(*args: str, expect: int = 0, **kwargs: Any) -> dict[str, Any]:
@@ -104,10 +143,13 @@ def test_rates_survive_a_counter_reset() -> None:
 # ----------------------------------------------------------------------------------------------- commands
 
 def test_missing_token_is_a_clear_usage_error(pod: list[Node]) -> None:
-    result = cli("stats", nodes=pod, token=None)
+    result = cli("stats", nodes=pod, token=None, process=True)  # the command itself
     assert result.returncode == admin.EXIT_USAGE
     assert admin.ENV_TOKEN in result.stderr and "--token" in result.stderr
     assert "Traceback" not in result.stderr
+    in_process = cli("stats", nodes=pod, token=None)  # what every other test runs says the same
+    assert (in_process.returncode, in_process.stdout, in_process.stderr) == (
+        result.returncode, result.stdout, result.stderr)
     result = cli("settings", "set", "port=1", nodes=pod)
     assert result.returncode == admin.EXIT_USAGE and "memory, default_ttl, max_ttl" in result.stderr
     result = cli("settings", "set", "memory=lots", nodes=pod)
@@ -127,10 +169,13 @@ def test_no_nodes_and_nothing_at_the_default_is_a_usage_error() -> None:
 
 
 def test_a_mistyped_option_is_said_first_with_the_one_meant(pod: list[Node]) -> None:
-    result = cli("stats", "--nodess", names(pod))
+    result = cli("stats", "--nodess", names(pod), process=True)  # argparse exits through the interpreter
     assert result.returncode == admin.EXIT_USAGE
     assert result.stderr.startswith("ctxstore admin: error: unrecognized arguments: --nodess")
     assert "did you mean --nodes?" in result.stderr and "usage:" not in result.stderr
+    in_process = cli("stats", "--nodess", names(pod))  # its SystemExit(2) read as the interpreter does
+    assert (in_process.returncode, in_process.stdout, in_process.stderr) == (
+        result.returncode, result.stdout, result.stderr)
 
 
 def test_health_of_every_node(pod: list[Node]) -> None:
@@ -313,7 +358,7 @@ def test_settings_set_and_get(pod: list[Node]) -> None:
 
 
 def test_top_renders_and_streams_json(pod: list[Node]) -> None:
-    result = cli("top", "--iterations", "2", "--interval", "0.3", nodes=pod)
+    result = cli("top", "--iterations", "2", "--interval", "0.3", nodes=pod, process=True)  # frames into a pipe
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("ctxstore top") == 2
     assert all(result.stdout.count(f"127.0.0.1:{n.port}") == 2 for n in pod)
