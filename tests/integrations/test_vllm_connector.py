@@ -83,6 +83,8 @@ class VllmProcess:
         cmd = [str(VLLM_PYTHON), str(DRIVER), "serve", str(model)]
         if connector is not None:
             cmd += ["--connector", json.dumps(connector)]
+        else:  # a reference without a connector: in one process (each of vLLM's processes imports it anew)
+            cmd += ["--one-process"]
         env = {**os.environ, "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONWARNINGS": "ignore"}

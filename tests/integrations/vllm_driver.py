@@ -89,6 +89,8 @@ def serve(args: argparse.Namespace) -> None:
             kv_role="kv_both", kv_connector_extra_config=json.loads(args.connector))
         # kv_load_failure_policy is left at vLLM's default ("fail"): the connector switches it to "recompute",
         # and the test's fault cases would fail their requests if it did not.
+    if args.one_process:  # engine core and model runner in this process: two fewer vLLM imports to start
+        kwargs["distributed_executor_backend"] = "uni"
     started = time.monotonic()
     llm = LLM(model=args.dir, tokenizer=args.dir, dtype=args.dtype, max_model_len=args.max_model_len,
               max_num_batched_tokens=args.max_batched_tokens, enable_prefix_caching=False, enforce_eager=True,
@@ -215,11 +217,15 @@ def main() -> None:
     sv.add_argument("--dtype", default="float32")
     sv.add_argument("--max-model-len", type=int, default=4096)
     sv.add_argument("--max-batched-tokens", type=int, default=8192)
+    sv.add_argument("--one-process", action="store_true",
+                    help="no engine-core or worker process (for a reference run without a connector)")
     ly = sub.add_parser("layouts")
     ly.add_argument("nodes")
     ly.add_argument("bucket")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache: vLLM-CPU's default is far larger
+    if getattr(args, "one_process", False):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.mode == "make-model":
         print("REPORT " + json.dumps(make_model(args)), flush=True)
     elif args.mode == "layouts":
