@@ -34,6 +34,26 @@ from support.nodes import (  # noqa: F401  (re-exported for test modules)
 )
 
 
+# The longest files start first. scripts/test gives each pytest process a whole file at a time, in collection
+# order: a file of a minute or more (vLLM processes, a cold mypy, flash nodes killed and restarted) left for
+# the end runs alone while the other processes have nothing left to do.
+FIRST = ("integrations/test_vllm_connector.py", "flash/test_tier_node.py", "adversarial/test_adv_client.py",
+         "architecture/test_types.py", "client/test_threads.py", "admin/test_status_page.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    missing = [name for name in FIRST if not (tests / name).is_file()]
+    if missing:  # renamed or removed: say so rather than let it drift to wherever it falls
+        raise pytest.UsageError(f"tests/conftest.py FIRST names files that do not exist: {missing}")
+
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return FIRST.index(path) if path in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: every file's tests keep their order
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """Stop the nodes a test started and left running (a failed assertion skips its cleanup): a leftover
