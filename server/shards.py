@@ -41,7 +41,12 @@ DIVIDED = _known("memory", "tenant_reserve_limit", "disk_size", "disk_queue")  #
 SUFFIXED = _known("node_id", "disk")  # "<value>/shard-<i>"; empty stays empty
 PORTED = _known("events_zmq_pub", "events_zmq_replay")  # a bound address: port + i
 SHARD_ENV = "CTXSTORE_SHARD"  # "i/N" in a shard's environment (its banner says which it is)
-RESTART_DELAY = 1.0  # seconds before a shard that died is started again
+# A shard that died is started again after RESTART_DELAY seconds; one that dies again within STABLE_AFTER
+# seconds of its start (it cannot start: e.g. its port was taken meanwhile) waits twice as long each time, up to
+# MAX_RESTART_DELAY, while the other shards go on serving.
+RESTART_DELAY = 1.0
+MAX_RESTART_DELAY = 60.0
+STABLE_AFTER = 30.0
 
 
 def shard_settings(settings: Settings, index: int, count: int) -> dict[str, Any]:
@@ -90,6 +95,9 @@ class Supervisor:
         self.argv = list(argv)
         self.env = dict(env)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * self.count
+        self.started = [0.0] * self.count  # when each shard was last started (monotonic)
+        self.delays = [0.0] * self.count  # the last restart delay of each shard
+        self.restart_at: list[float | None] = [None] * self.count  # a dead shard's next start
         self.stopping = False
 
     def command(self, index: int) -> list[str]:
@@ -100,12 +108,31 @@ class Supervisor:
     def start(self, index: int) -> None:
         env = {**self.env, SHARD_ENV: f"{index}/{self.count}"}
         self.procs[index] = subprocess.Popen(self.command(index), env=env)
+        self.started[index] = time.monotonic()
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         self.stopping = True
         for proc in self.procs:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signum)
+
+    def watch(self) -> None:
+        """Schedule the start of each shard that died, and start those whose time came."""
+        now = time.monotonic()
+        for i, proc in enumerate(self.procs):
+            if self.stopping:
+                return
+            due = self.restart_at[i]
+            if due is not None:
+                if now >= due:
+                    self.restart_at[i] = None
+                    self.start(i)
+            elif proc is not None and proc.poll() is not None:
+                ran = now - self.started[i]
+                self.delays[i] = restart_delay(self.delays[i], ran)
+                self.restart_at[i] = now + self.delays[i]
+                log.warning("ctxstore: shard %d (port %d) exited with %s after %.1f s; starting it again in %g s",
+                            i, self.settings.port + i, proc.returncode, ran, self.delays[i])
 
     def run(self) -> int:
         """Until SIGTERM or SIGINT; then every shard drains (``drain_timeout``) and the parent exits 0."""
@@ -115,13 +142,7 @@ class Supervisor:
                 self.start(i)
             while not self.stopping:
                 time.sleep(0.2)
-                for i, proc in enumerate(self.procs):
-                    if proc is not None and proc.poll() is not None and not self.stopping:
-                        log.warning("ctxstore: shard %d (port %d) exited with %s; starting it again", i,
-                                    self.settings.port + i, proc.returncode)
-                        time.sleep(RESTART_DELAY)
-                        if not self.stopping:
-                            self.start(i)
+                self.watch()
             deadline = time.monotonic() + self.settings.drain_timeout + 10
             for proc in self.procs:
                 if proc is None:
@@ -135,6 +156,14 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return 0
+
+
+def restart_delay(previous: float, ran: float) -> float:
+    """Seconds before a shard that died after running ``ran`` seconds starts again; ``previous``: the delay
+    before its last start (0 for none)."""
+    if ran >= STABLE_AFTER or not previous:
+        return RESTART_DELAY
+    return min(MAX_RESTART_DELAY, previous * 2)
 
 
 def shard_banner(env: Mapping[str, str] | None = None) -> str | None:

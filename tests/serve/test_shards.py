@@ -281,3 +281,49 @@ def test_a_killed_shard_is_a_miss_then_is_started_again_empty_and_the_other_keep
         assert again.restore(tokens).n_blocks == first
         assert again.save(tokens, blocks).stored == 32 - on_zero
         assert [bytes(b) for b in again.restore(tokens).blocks] == blocks
+
+
+def test_a_shard_that_cannot_start_is_tried_less_and_less_often_while_the_other_serves(node: Node) -> None:
+    # Its port taken while it was down: each start fails at once. It was tried every second, forever.
+    port = node.port + 1
+    victim = shard_pid(node, 1)
+    taker = socket.socket()
+    taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while True:  # the port is free once the killed shard is gone; the supervisor waits a second
+            try:
+                taker.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the killed shard's port never came free"
+                time.sleep(0.01)
+        taker.listen()
+        said = f"shard 1 (port {port}) exited with"
+        assert node.log is not None
+
+        def restarts() -> list[tuple[str, float]]:  # (exit status, seconds until the next start)
+            lines = node.log.read_text().splitlines()  # type: ignore[union-attr]
+            return [(line.split(said, 1)[1].split()[0], float(line.rsplit(" in ", 1)[1].removesuffix(" s")))
+                    for line in lines if said in line and "starting it again in" in line]
+
+        before = len(restarts())
+        assert wait_until(lambda: len(restarts()) >= before + 2, timeout=20), node.log.read_text()[-3000:]
+        (killed, first), (failed, second) = restarts()[before:before + 2]
+        assert killed == "-9" and failed == "1"  # the kill, then a start that failed at once
+        assert second == 2 * first  # which waits twice as long (1 s after a kill, or 2 s so soon after another)
+        assert f"cannot listen on 127.0.0.1:{port}" in node.log.read_text()  # why, in the shard's own words
+        assert Admin(shard(node, 0)).stats()["objects"] >= 0  # the other shard serves meanwhile
+        assert node.proc.poll() is None
+    finally:
+        taker.close()
+    assert wait_until(lambda: ready(shard(node, 1)), timeout=15)  # back once its port is free
+
+
+def ready(node: Node) -> bool:
+    try:
+        with urllib.request.urlopen(f"{node.endpoint}/_ctx/health/ready", timeout=1) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False

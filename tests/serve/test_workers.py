@@ -130,3 +130,12 @@ def test_each_shard_has_its_own_share_of_the_flash_tier(tmp_path: Path) -> None:
         assert all(list((disk / f"shard-{i}").glob("seg-*.dat")) for i in range(2))
     finally:
         node.stop()
+
+
+def test_a_shard_that_keeps_failing_at_start_waits_longer_each_time() -> None:
+    delay, seen = 0.0, []
+    for _ in range(9):
+        delay = shards.restart_delay(delay, ran=0.5)
+        seen.append(delay)
+    assert seen == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert shards.restart_delay(60, ran=shards.STABLE_AFTER) == shards.RESTART_DELAY  # it had been running well
