@@ -4,9 +4,7 @@ traffic comes from boto3, and every aggregate is checked against what each node 
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import os
 import secrets
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from support.cli import run_in_process
 from support.nodes import Node, make_client, start_node, wait_ready
 from ctxstore import admin
 
@@ -59,49 +58,28 @@ def cli(*args: str, nodes: list[Node] | str | None = None, token: str | None = T
         env: dict[str, str] | None = None, process: bool = False) -> subprocess.CompletedProcess[str]:
     """``ctxstore admin ARGS`` with ``nodes``, ``token`` and ``env`` as its only admin environment, 220 columns.
 
-    By default in this process: ``ctxstore.cli.main``, the function the command runs, with the environment set
-    for the call, stdout and stderr captured and ``SystemExit`` turned into the status the interpreter would
-    exit with; it spares the ~0.25 s of imports a process costs, for each of the file's invocations. The admin
-    CLI keeps no state between runs (a new ``Pod``, opener and rich ``Console`` each time, no logging), and a
-    captured stream is no TTY, so rich draws the same plain tables, at COLUMNS wide, as into a pipe. An
-    exception escaping ``main`` fails the test here, where the process would print a traceback and exit 1.
+    By default in this process (``support.cli.run_in_process``): it spares the ~0.25 s of imports a process
+    costs, for each of the file's invocations. The admin CLI keeps no state between runs (a new ``Pod``, opener
+    and rich ``Console`` each time, no logging), and a captured stream is no TTY, so rich draws the same plain
+    tables, at COLUMNS wide, as into a pipe. An exception escaping ``main`` fails the test here, where the
+    process would print a traceback and exit 1.
 
     ``process=True`` runs the installed module as a process, for what only a process shows: the exit status
     and streams the interpreter gives, for a usage error returned by ``main`` and for an argparse error exiting
     through the interpreter (both tests check that the in-process run says the same), and ``top`` streaming
     its frames into a pipe."""
+    variables = {"COLUMNS": "220"}
+    if nodes is not None:
+        variables[admin.ENV_NODES] = nodes if isinstance(nodes, str) else names(nodes)
+    if token is not None:
+        variables[admin.ENV_TOKEN] = token
+    variables.update(env or {})
+    drop = (admin.ENV_NODES, admin.ENV_TOKEN)
     if process:
-        full_env = {k: v for k, v in os.environ.items() if k not in (admin.ENV_NODES, admin.ENV_TOKEN)}
-        full_env["COLUMNS"] = "220"
-        if nodes is not None:
-            full_env[admin.ENV_NODES] = nodes if isinstance(nodes, str) else names(nodes)
-        if token is not None:
-            full_env[admin.ENV_TOKEN] = token
-        full_env.update(env or {})
+        full_env = {k: v for k, v in os.environ.items() if k not in drop} | variables
         return subprocess.run([sys.executable, "-m", "ctxstore.cli", "admin", *args], capture_output=True,
                               text=True, env=full_env, timeout=60)
-
-    from ctxstore.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv(admin.ENV_NODES, raising=False)
-        mp.delenv(admin.ENV_TOKEN, raising=False)
-        mp.setenv("COLUMNS", "220")
-        if nodes is not None:
-            mp.setenv(admin.ENV_NODES, nodes if isinstance(nodes, str) else names(nodes))
-        if token is not None:
-            mp.setenv(admin.ENV_TOKEN, token)
-        for name, value in (env or {}).items():
-            mp.setenv(name, value)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(["admin", *args])
-            except SystemExit as exc:  # as the interpreter ends: a message goes to stderr, with status 1
-                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-                if exc.code is not None and not isinstance(exc.code, int):
-                    print(exc.code, file=sys.stderr)
-    return subprocess.CompletedProcess(["ctxstore", "admin", *args], code, out.getvalue(), err.getvalue())
+    return run_in_process(["admin", *args], drop=drop, env=variables)
 
 
 def cli_json(*args: str, expect: int = 0, **kwargs: Any) -> dict[str, Any]:

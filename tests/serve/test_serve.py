@@ -3,9 +3,7 @@ graceful SIGTERM, health endpoints, the tenants file, and the generated configur
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import re
@@ -24,6 +22,7 @@ from botocore.exceptions import ClientError
 
 from support import REPO_ROOT
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port, make_client, start_node, wait_ready
+from support.cli import run_in_process
 from support.raw import RawConn, sign
 
 BIN = Path(sys.executable).parent
@@ -44,25 +43,11 @@ def ctxstore(*args: str, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def refused(*args: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> subprocess.CompletedProcess[str]:
-    """``ctxstore`` run in this process, for invocations refused before the node binds or starts anything (flag,
-    environment and tenants-file checks): the same ``main`` the command runs, without a second of imports per
-    case. ``test_the_command_refuses_as_the_in_process_runs_do`` checks the two agree."""
-    from ctxstore.cli import main
-
-    for name in [k for k in os.environ if k.startswith("CTXSTORE_")]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:  # as the interpreter ends: a message goes to stderr, with status 1
-            code = exc.code if isinstance(exc.code, int) else 1
-            if isinstance(exc.code, str):
-                print(exc.code, file=sys.stderr)
-    return subprocess.CompletedProcess(["ctxstore", *args], code, out.getvalue(), err.getvalue())
+def refused(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``ctxstore ARGS`` in this process with no other CTXSTORE_* setting, for invocations refused before the node
+    binds or starts anything (flags, environment, the tenants file). ``test_the_command_refuses_as_the_in_process_
+    runs_do`` runs the command itself for such refusals."""
+    return run_in_process(args, drop=[name for name in os.environ if name.startswith("CTXSTORE_")], env=env)
 
 
 def spawn(tmp: Path, *args: str, env: dict[str, str]) -> Node:
@@ -142,18 +127,17 @@ def test_configured_credentials_are_not_printed_or_logged(tmp_path: Path, nodes:
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
-def test_public_bind_without_credentials_is_refused(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_public_bind_without_credentials_is_refused(host: str) -> None:
     # build_tenants refuses before anything is bound, so this never listens on a public address.
-    proc = refused("serve", "--host", host, "--port", str(free_port()), env={}, monkeypatch=monkeypatch)
+    proc = refused("serve", "--host", host, "--port", str(free_port()), env={})
     assert proc.returncode != 0
     message = proc.stdout + proc.stderr
     assert "refusing" in message and host in message and "CTXSTORE_ACCESS_KEY" in message, message
     assert "Traceback" not in message
 
 
-def test_half_configured_credentials_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    proc = refused("serve", "--port", str(free_port()), env={"CTXSTORE_ACCESS_KEY": ACCESS_KEY},
-                   monkeypatch=monkeypatch)
+def test_half_configured_credentials_are_refused() -> None:
+    proc = refused("serve", "--port", str(free_port()), env={"CTXSTORE_ACCESS_KEY": ACCESS_KEY})
     assert proc.returncode != 0
     assert "CTXSTORE_SECRET_KEY" in proc.stdout + proc.stderr
 
@@ -170,9 +154,9 @@ def test_half_configured_credentials_are_refused(monkeypatch: pytest.MonkeyPatch
     (["--max-ttl", "30m"], "default_ttl 1h exceeds --max-ttl 30m"),  # objects silently got 30 min before
     (["--default-ttl", "8d"], "--default-ttl 8d exceeds max_ttl 7d"),
 ])
-def test_bad_flags_give_clear_errors(args: list[str], needle: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_flags_give_clear_errors(args: list[str], needle: str) -> None:
     proc = refused("serve", "--port", str(free_port()), *args,
-                   env={"CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY}, monkeypatch=monkeypatch)
+                   env={"CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY})
     assert_flag_error(proc, needle)
 
 
@@ -220,10 +204,9 @@ def test_the_banner_gives_the_budget_as_written_and_in_binary_units(tmp_path: Pa
     assert "(budget 2 GB (1.86 GiB), default TTL 30m)" in out, out  # it said "1.86265 GiB" and "1800 s"
 
 
-def test_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_environment_value_names_the_variable() -> None:
     proc = refused("serve", "--port", str(free_port()), env={
-        "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY, "CTXSTORE_MEMORY": "lots"},
-        monkeypatch=monkeypatch)
+        "CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY, "CTXSTORE_MEMORY": "lots"})
     assert proc.returncode == 2
     assert "CTXSTORE_MEMORY" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -351,12 +334,11 @@ def test_tenants_file(tmp_path: Path, nodes: list[Node]) -> None:
 @pytest.mark.parametrize("content", ["not json", '[{"tenant": "a", "access_key": "A"}]',
                                      '[{"tenant": "a", "access_key": "AKEY1", "secret_key": "short"}]', None],
                          ids=["not-json", "no-secret", "short-secret", "missing-file"])
-def test_bad_tenants_file(tmp_path: Path, content: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_tenants_file(tmp_path: Path, content: str | None) -> None:
     tenants = tmp_path / "tenants.json"
     if content is not None:
         tenants.write_text(content)
-    proc = refused("serve", "--port", str(free_port()), env={"CTXSTORE_TENANTS_FILE": str(tenants)},
-                   monkeypatch=monkeypatch)
+    proc = refused("serve", "--port", str(free_port()), env={"CTXSTORE_TENANTS_FILE": str(tenants)})
     assert proc.returncode != 0
     assert str(tenants) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
@@ -374,10 +356,10 @@ def test_configuration_reference_is_generated() -> None:
         "regenerate: python -m ctxstore_server.settings > docs/configuration.md"
 
 
-def test_help_lists_every_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_help_lists_every_flag() -> None:
     from ctxstore_server.settings import SETTINGS
 
-    proc = refused("serve", "--help", env={}, monkeypatch=monkeypatch)
+    proc = refused("serve", "--help", env={})
     assert proc.returncode == 0
     for setting in SETTINGS:
         flag = "--" + setting.name.replace("_", "-")
