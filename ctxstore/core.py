@@ -385,12 +385,15 @@ class AsyncContextStore:
     async def _learn_features(self, bucket: str) -> None:
         """An empty lookup to each up node that has not answered a bulk call yet, so that the first save to it
         already carries what it asks for (a router's route: a save without one is not credited to routers).
-        Its failures are the save's to meet: ignored here."""
+        Its failures are the save's to meet: ignored here. A node is asked once (again only after it was down):
+        one that refuses the lookup is not asked before every save."""
         head = wire.encode_keys_request("lookup", wire.KeysRequest([]))
 
         async def ask(node: Node) -> None:
             with contextlib.suppress(ContextStoreError):
                 await self._call(node, bucket, "lookup", head, (), None, 0)
+            if node.up:
+                node.features_known = True
 
         await asyncio.gather(*(ask(n) for n in self.pod.nodes if n.up and not n.features_known))
 

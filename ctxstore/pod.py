@@ -181,6 +181,7 @@ class Pod:
         node.last_error = reason
         if node.up:
             node.up = False
+            node.features_known = False  # what comes back may be another version of the node
             node.pool.close()
             log.warning("ctxstore node %s marked down: %s", node.name, reason)
         if node.probe is None or node.probe.done():

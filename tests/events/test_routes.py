@@ -4,14 +4,16 @@ reads them. (Dynamo's own indexer against a node: tests/integrations/test_dynamo
 
 from __future__ import annotations
 
+import re
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import zmq
-from support.nodes import ACCESS_KEY, SECRET_KEY, free_port, start_node
+from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port, start_node
 
 from ctxstore import ContextStore, wire
 from ctxstore_server import events
@@ -73,6 +75,14 @@ def test_the_route_log_survives_a_restart_and_drops_what_is_gone(tmp_path: Path)
     reset.close()
 
 
+def bulk_lookups(node: Node, token: str) -> float:
+    request = urllib.request.Request(f"{node.endpoint}/_ctx/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        text = answer.read().decode()
+    found = re.search(r'^ctxstore_requests_total\{api="bulk",operation="lookup",status="200"\} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def _subscriber(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -82,8 +92,9 @@ def _subscriber(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
 
 def test_a_save_carries_its_route_only_to_a_node_that_asks(tmp_path: Path) -> None:
     pub = f"tcp://127.0.0.1:{free_port()}"
-    routed = start_node(tmp_path, env={"CTXSTORE_EVENTS_ZMQ_PUB": pub})
-    plain = start_node(tmp_path)
+    token = "routes-admin-token"
+    routed = start_node(tmp_path, env={"CTXSTORE_EVENTS_ZMQ_PUB": pub, "CTXSTORE_ADMIN_TOKEN": token})
+    plain = start_node(tmp_path, env={"CTXSTORE_ADMIN_TOKEN": token})
     ctx = zmq.Context()
     sub = _subscriber(ctx, pub)
     try:
@@ -94,6 +105,8 @@ def test_a_save_carries_its_route_only_to_a_node_that_asks(tmp_path: Path) -> No
                 # The client's first call to the node is this save: it learns what the node asks for first.
                 assert ns.save(tokens, [b"x" * 10] * 3).stored == 3
                 assert store._async.pod.nodes[0].put_route is asks
+                assert ns.save(tokens, [b"x" * 10] * 3).existed == 3  # (no new event)
+                assert bulk_lookups(node, token) == 1  # asked before the first save only
         keys = [int(k, 16) for k in ns.block_hashes(tokens)]
         stored: list[Any] = []
         deadline = time.monotonic() + 5
