@@ -153,3 +153,38 @@ def test_a_run_of_chained_blocks_is_one_event_and_a_break_starts_another() -> No
         ["BlockStored", [9], 7, [9], 1, None, "DISK", None, None, None, None, None],  # not 03's child
         ["BlockStored", [5], None, [], 0, None, "CPU", None, None, None, None, None],  # no route
     ]
+
+
+def test_a_staged_save_carries_its_route_chunk_by_chunk(tmp_path: Path) -> None:
+    # Blocks from (CPU) torch tensors through the staging pool (the host backend: a GPU cache's path), in
+    # chunks of two blocks: each chunk's put carries its own blocks' tokens and parents.
+    torch = pytest.importorskip("torch")
+    pub = f"tcp://127.0.0.1:{free_port()}"
+    node = start_node(tmp_path, env={"CTXSTORE_EVENTS_ZMQ_PUB": pub})
+    ctx = zmq.Context()
+    sub = _subscriber(ctx, pub)
+    try:
+        with ContextStore(node.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY, staging="host",
+                          staging_bytes=4 * 2 * 16) as store:
+            ns = store.namespace("staged-routes", model="m", block_size=4, scheme="dynamo")
+            tokens = list(range(20))  # 5 blocks: chunks of 2, 2 and 1
+            blocks = torch.arange(5 * 16, dtype=torch.uint8).reshape(5, 16)
+            assert ns.save(tokens, blocks).stored == 5
+            keys = [int(k, 16) for k in ns.block_hashes(tokens)]
+        seen: dict[int, tuple[Any, list[int]]] = {}
+        deadline = time.monotonic() + 5
+        while len(seen) < 5:
+            assert time.monotonic() < deadline, f"routed events for {len(seen)} of 5 blocks"
+            if sub.poll(200):
+                for e in msgpack.unpackb(sub.recv_multipart()[2])[1]:
+                    if isinstance(e, dict) and e.get("type") == "BlockStored":
+                        parent = e["parent_block_hash"]
+                        for i, h in enumerate(e["block_hashes"]):
+                            seen[h] = (parent, e["token_ids"][i * 4:(i + 1) * 4])
+                            parent = h
+        assert [seen[k] for k in keys] == [(None if i == 0 else keys[i - 1], tokens[i * 4:(i + 1) * 4])
+                                           for i in range(5)]
+    finally:
+        sub.close(linger=0)
+        ctx.term()
+        node.stop()
