@@ -107,7 +107,7 @@ async def _open_run(call: BulkCall, run: list[Block], *, same_request: bool) -> 
     """Buffers for a run of new blocks and one reservation holding all of their room (a reservation each cost
     a 64 KiB save ~6 µs per block). The commit releases it (or the call's end). Room that needs RAM victims
     demoted while the flash queue is full is waited for (bounded), before the run's bytes are read."""
-    reservation = call.engine.store.reserve_run(call.tenant, call.bucket, sum(b.size for b in run),
+    reservation = call.engine.store.capacity.reserve_run(call.tenant, call.bucket, sum(b.size for b in run),
                                           sum(b.fixed for b in run), same_request=same_request)
     for block in run:  # before it grows: if no room can be made, the call's end still releases it
         block.reservation, block.shared = reservation, True
@@ -139,7 +139,7 @@ def _plan(call: BulkCall, request: wire.PutRequest) -> list[Block]:
         # The size limit looks at the payload, the budget and the quotas at payload + fixed charge: the largest
         # of each stands for every block (one check each instead of one per block).
         for block in (max(new, key=lambda b: b.size), max(new, key=lambda b: b.size + b.fixed)):
-            call.engine.store.check_fits(call.tenant, call.bucket, block.size, block.fixed)
+            call.engine.store.capacity.check_fits(call.tenant, call.bucket, block.size, block.fixed)
     return blocks
 
 
@@ -202,7 +202,7 @@ class Block:
         """The block's buffer, and its own reservation holding the fixed charge (``whole``: and the payload's).
         No room for it (everything left pinned or in flight, or the flash queue full past --disk-write-wait)
         fails the whole call with SlowDown: nothing is stored."""
-        reservation = self.reservation = call.engine.store.reserve(call.tenant, call.bucket, self.size, self.fixed,
+        reservation = self.reservation = call.engine.store.capacity.reserve(call.tenant, call.bucket, self.size, self.fixed,
                                                              key=self.key, same_request=same_request)
         await call.engine.tier.with_write_room(lambda: reservation.grow(self.size if whole else 0))
         return self.take_buffer(call)

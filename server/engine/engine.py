@@ -262,10 +262,10 @@ class Engine:
 
     def reap(self, limit: int = 10000) -> int:
         """Drop up to ``limit`` expired objects and stale uploads; returns the objects dropped."""
-        removed = self.store.reap_expired(limit)
-        self.store.drain_pins(self.clock())
+        removed = self.store.expiry.reap(self.clock(), limit)
+        self.store.expiry.drain_pins(self.clock())
         self.multipart.reap_stale(limit)
-        self.store.compact_expiry_heap()
+        self.store.expiry.compact()
         self.store.buffers.housekeep()
         return removed
 

@@ -158,7 +158,7 @@ class Multipart:
         self._charge(upload, -charged)
         reservation: Reservation | None = None
         try:
-            reservation = self.store.reserve(tenant, bucket_name, total)
+            reservation = self.store.capacity.reserve(tenant, bucket_name, total)
             reservation.grow_all()
         except errors.StorageError:
             if reservation is not None:

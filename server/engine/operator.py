@@ -34,7 +34,7 @@ class Operator:
         add_counters(self.removed_stats, bucket.stats)
 
     def bucket_summaries(self) -> list[dict[str, Any]]:
-        self.store.drain_pins(self.store.clock())
+        self.store.expiry.drain_pins(self.store.clock())
         return [
             {"name": b.name, "owner": b.owner, "created": b.created, "policy": b.policy(),
              **b.stats.as_dict(), "hit_ratio": _ratio(b.stats)}
@@ -99,7 +99,7 @@ class Operator:
         if budget is not None:
             config.budget = budget
             now = self.store.clock()
-            self.store.reap_expired(None)
+            self.store.expiry.reap(self.store.clock(), None)
             self.store.buffers.make_room(0)  # kept payload buffers go before any block
             try:
                 self.store.eviction.evict_lru(lambda: self.budget.used <= budget, None, now, None)
@@ -114,7 +114,7 @@ class Operator:
 
     def stats(self, reset: bool = False) -> dict[str, Any]:
         """Global counters and per-bucket counters (with hit ratios); ``reset`` zeroes counters after reading."""
-        self.store.drain_pins(self.store.clock())
+        self.store.expiry.drain_pins(self.store.clock())
         total = BucketStats()
         add_counters(total, self.removed_stats)
         for level in BucketStats.LEVELS:

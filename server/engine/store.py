@@ -124,39 +124,6 @@ class ObjectStore:
         self.budget.charge(NODE_STATE, -bucket.charge, "state")
         return bucket
 
-    # ------------------------------------------------------------------ room and expiry
-    # The parts' verbs that the engine's facade and the flash tier call on the store.
-
-    def reserve(self, tenant: str, bucket_name: str, nbytes: int | None,
-                fixed: int = OBJECT_OVERHEAD, *, key: str | None = None, same_request: bool = False) -> Reservation:
-        """See :meth:`.capacity.Capacity.reserve`."""
-        return self.capacity.reserve(tenant, bucket_name, nbytes, fixed, key=key, same_request=same_request)
-
-    def reserve_run(self, tenant: str, bucket_name: str, nbytes: int, fixed: int, *,
-                    same_request: bool = False) -> Reservation:
-        """See :meth:`.capacity.Capacity.reserve_run`."""
-        return self.capacity.reserve_run(tenant, bucket_name, nbytes, fixed, same_request=same_request)
-
-    def check_fits(self, tenant: str, bucket_name: str, nbytes: int, fixed: int = OBJECT_OVERHEAD) -> Bucket:
-        """See :meth:`.capacity.Capacity.check_fits`."""
-        return self.capacity.check_fits(tenant, bucket_name, nbytes, fixed)
-
-    def make_room(self, need: int, replacing: StoredObject | None = None) -> None:
-        """See :meth:`.capacity.Capacity.make_room`."""
-        self.capacity.make_room(need, replacing)
-
-    def reap_expired(self, limit: int | None) -> int:
-        """Drop up to ``limit`` expired objects (all of them for None); returns how many."""
-        return self.expiry.reap(self.clock(), limit)
-
-    def compact_expiry_heap(self) -> None:
-        """See :meth:`.expiry.Expiry.compact`."""
-        self.expiry.compact()
-
-    def drain_pins(self, now: float) -> None:
-        """See :meth:`.expiry.Expiry.drain_pins`."""
-        self.expiry.drain_pins(now)
-
     # ------------------------------------------------------------------ objects
 
     def resolve_ttl(self, bucket: Bucket, requested: float | None) -> float:

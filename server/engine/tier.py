@@ -154,7 +154,7 @@ class FlashTier:
         delta = held - self.state_charged
         if delta > 0 and not budget.fits(delta):
             try:
-                self.store.make_room(delta)
+                self.store.capacity.make_room(delta)
             except errors.StorageError:
                 room = budget.limit - budget.used + self.state_charged - stats.index_bytes
                 kept = self.flash.trim_buffers(max(0, min(stats.buffer_bytes, room)))

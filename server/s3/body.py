@@ -70,7 +70,7 @@ async def read_upload(call: Call, fixed: int, *, replaces: str | None = None) ->
     decoder = (AwsChunkedDecoder(signer=auth.chunk_signer, expect_trailer=auth.payload.endswith("trailer"))
                if streaming else None)
 
-    reservation = call.engine.store.reserve(call.tenant, call.bucket_name, length, fixed, key=replaces)
+    reservation = call.engine.store.capacity.reserve(call.tenant, call.bucket_name, length, fixed, key=replaces)
     try:
         # A known length: one buffer of that size, filled in place. Unknown: a buffer that grows (its size
         # bounded by the reservation, which refuses what passes the object size limit).

@@ -60,7 +60,7 @@ def put(engine: Engine, key: str, data: bytes | None = None, bucket: str = B, te
 
 def reserve(engine: Engine, nbytes: int, bucket: str = B, tenant: str = T) -> Reservation:
     """A reservation whose whole body has arrived (it holds the full charge)."""
-    reservation = engine.store.reserve(tenant, bucket, nbytes)
+    reservation = engine.store.capacity.reserve(tenant, bucket, nbytes)
     reservation.grow_all()
     return reservation
 

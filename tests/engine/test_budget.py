@@ -48,7 +48,7 @@ def test_reserve_makes_room_as_the_body_arrives_and_put_consumes_it(clock: FakeC
     rec = Recorder(engine)
     for i in range(5):
         put(engine, f"k{i}")
-    reservation = engine.store.reserve(T, B, SIZE)
+    reservation = engine.store.capacity.reserve(T, B, SIZE)
     # Opened, it holds nothing: a request that sends no body makes nothing be evicted.
     assert reservation.nbytes == 0 and engine.budget.reserved == 0 and rec.reasons() == []
     reservation.grow(1)  # the first bytes: the fixed charge and one growth step (the whole object, here)
@@ -208,7 +208,7 @@ def test_a_reservation_holds_budget_only_as_its_body_arrives(clock: FakeClock) -
     rec = Recorder(engine)
     for i in range(5):
         put(engine, f"k{i}")
-    reservation = engine.store.reserve(T, B, 3000)  # the headers of a 3000-byte PUT, no body yet
+    reservation = engine.store.capacity.reserve(T, B, 3000)  # the headers of a 3000-byte PUT, no body yet
     assert reservation.nbytes == 0 and rec.removed == []
     reservation.grow(500)  # the first bytes: it grows by whole steps (1 MiB), capped at what it declared
     assert reservation.nbytes == 3000 + OBJECT_OVERHEAD == engine.budget.reserved
@@ -228,7 +228,7 @@ def test_one_reservation_for_a_run_of_blocks_holds_their_room_until_the_first_co
     rec = Recorder(engine)
     for i in range(5):
         put(engine, f"k{i}")
-    run = engine.store.reserve_run(T, B, 3 * SIZE, 3 * (OBJECT_OVERHEAD + 2))  # three 1000-byte blocks
+    run = engine.store.capacity.reserve_run(T, B, 3 * SIZE, 3 * (OBJECT_OVERHEAD + 2))  # three 1000-byte blocks
     assert run.nbytes == 0 and rec.removed == []
     run.grow_all()
     assert run.nbytes == engine.budget.reserved == 3000 and engine.budget.used == 5000
@@ -246,7 +246,7 @@ def test_a_run_that_cannot_get_room_fails_and_its_release_returns_everything(clo
     for i in range(5):
         put(engine, f"k{i}")
     engine.store.pin(T, B, [f"k{i}" for i in range(5)], 60)
-    run = engine.store.reserve_run(T, B, 2 * SIZE, 2 * (OBJECT_OVERHEAD + 2))
+    run = engine.store.capacity.reserve_run(T, B, 2 * SIZE, 2 * (OBJECT_OVERHEAD + 2))
     with pytest.raises(errors.InsufficientCapacity):
         run.grow_all()
     run.release()
@@ -267,7 +267,7 @@ def test_blocks_committed_in_one_call_each_get_their_own_outcome(clock: FakeCloc
                             if_absent=True)
     assert isinstance(out[0], errors.InsufficientCapacity) and isinstance(out[1], errors.PreconditionFailed)
     engine.store.unpin(T, B, held)
-    run = engine.store.reserve_run(T, B, 2 * SIZE, 2 * (OBJECT_OVERHEAD + 2))
+    run = engine.store.capacity.reserve_run(T, B, 2 * SIZE, 2 * (OBJECT_OVERHEAD + 2))
     run.grow_all()  # evicts two of the unpinned blocks
     out = engine.put_blocks(T, B, [BlockWrite(k, payload(k), '"e"', 7, run) for k in ("k0", "k2")], ttl=30,
                             if_absent=True)
@@ -283,10 +283,10 @@ def test_what_could_never_be_stored_is_refused_when_the_reservation_opens(clock:
     put(engine, "mine-1", bucket="theirs", tenant="other")
     engine.set_tenant_quota(T, 1500)
     with pytest.raises(errors.EntityTooLarge):
-        engine.store.reserve(T, B, 2000)  # over the tenant's quota whatever it evicts
+        engine.store.capacity.reserve(T, B, 2000)  # over the tenant's quota whatever it evicts
     engine.set_bucket_policy(B, quota=1200)
     with pytest.raises(errors.EntityTooLarge):
-        engine.store.reserve(T, B, 1300)
+        engine.store.capacity.reserve(T, B, 1300)
     assert keys_of(engine, "theirs", "other") == ["mine-1"] and engine.budget.reserved == 0
 
 

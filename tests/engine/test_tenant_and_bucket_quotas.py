@@ -17,13 +17,13 @@ from engine_support import B, SIZE, T, check_accounting, keys_of, make_engine, p
 
 def test_a_tenant_may_have_a_quarter_of_the_budget_in_flight(clock: FakeClock) -> None:
     engine = make_engine(clock)  # budget 5000: 1250 bytes of bodies in flight per tenant
-    first = engine.store.reserve(T, B, 2000)  # one body in flight is always allowed, whatever its size
+    first = engine.store.capacity.reserve(T, B, 2000)  # one body in flight is always allowed, whatever its size
     with pytest.raises(errors.InsufficientCapacity):
-        engine.store.reserve(T, B, 100)
+        engine.store.capacity.reserve(T, B, 100)
     engine.create_bucket("other", "theirs")
-    other = engine.store.reserve("other", "theirs", 100)  # another tenant's limit is its own
+    other = engine.store.capacity.reserve("other", "theirs", 100)  # another tenant's limit is its own
     first.release()
-    engine.store.reserve(T, B, 100).release()
+    engine.store.capacity.reserve(T, B, 100).release()
     other.release()
     assert engine.operator.stats()["reserved"] == 0
 
@@ -35,7 +35,7 @@ def test_a_reservation_for_a_tenant_with_a_quota_evicts_only_its_own_blocks(cloc
         put(engine, f"theirs-{i}", bucket="theirs", tenant="other")
     put(engine, "mine-0")
     engine.set_tenant_quota(T, 1600)
-    reservation = engine.store.reserve(T, B, SIZE)
+    reservation = engine.store.capacity.reserve(T, B, SIZE)
     reservation.grow(SIZE)  # over its quota with mine-0: mine-0 goes, not the other tenant's
     assert keys_of(engine) == [] and len(keys_of(engine, "theirs", "other")) == 3
     reservation.release()
