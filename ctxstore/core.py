@@ -302,11 +302,11 @@ class AsyncContextStore:
         except wire.WireError as exc:
             raise ProtocolError(node.name, 200, exc.code, str(exc)) from None
         self.metrics.observe(op, time.perf_counter() - started)
-        if response.status == 200:
+        if response.status == 200 or wire.FEATURES_HEADER in response.headers:  # a bulk answer, even a refusal
             node.put_trailer = wire.has_feature(response.headers, wire.FEATURE_PUT_TRAILER)
             node.put_route = wire.has_feature(response.headers, wire.FEATURE_PUT_ROUTE)
             node.features_known = True
-        else:
+        if response.status != 200:
             error = _error_of(node, response)
             refused = isinstance(error, ProtocolError) and error.code == "MalformedFrame"
             if refused and isinstance(body, TrailedPayloads):
@@ -385,17 +385,17 @@ class AsyncContextStore:
     async def _learn_features(self, bucket: str) -> None:
         """An empty lookup to each up node that has not answered a bulk call yet, so that the first save to it
         already carries what it asks for (a router's route: a save without one is not credited to routers).
-        Its failures are the save's to meet: ignored here. A node is asked once (again only after it was down):
-        one that refuses the lookup is not asked before every save."""
+        Any bulk answer tells, a refusal too; its failures are the save's to meet: ignored here."""
+        unknown = [n for n in self.pod.nodes if n.up and not n.features_known]
+        if not unknown:
+            return
         head = wire.encode_keys_request("lookup", wire.KeysRequest([]))
 
         async def ask(node: Node) -> None:
             with contextlib.suppress(ContextStoreError):
                 await self._call(node, bucket, "lookup", head, (), None, 0)
-            if node.up:
-                node.features_known = True
 
-        await asyncio.gather(*(ask(n) for n in self.pod.nodes if n.up and not n.features_known))
+        await asyncio.gather(*(ask(n) for n in unknown))
 
     async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every

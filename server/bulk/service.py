@@ -78,4 +78,5 @@ class BulkService:
         headers = [("content-type", wire.CONTENT_TYPE), *error.headers.items()]
         if error.code == "MethodNotAllowed":
             headers.append(("allow", "POST"))
+        headers.append((wire.FEATURES_HEADER, self.features))  # a client learns them from any answer
         return Reply(error.status, headers, wire.encode_error(error.code, error.message))

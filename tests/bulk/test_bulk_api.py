@@ -226,6 +226,8 @@ def test_every_answer_announces_the_put_trailer(bulk: Bulk, bucket: str) -> None
     # What a client needs to know before it sends a put whose checksums follow the payloads (wire.py).
     for reply in (bulk.keys_op(bucket, "lookup", ["x"]), bulk.put(bucket, {"y": b"1"}, trailer=True)):
         assert reply.status == 200 and wire.has_feature(reply.headers, wire.FEATURE_PUT_TRAILER)
+    refused = bulk.keys_op("no-such-bucket-" + secrets.token_hex(3), "lookup", ["x"])  # a refusal says it too
+    assert refused.status == 404 and wire.has_feature(refused.headers, wire.FEATURE_PUT_TRAILER)
 
 
 def test_a_trailer_of_large_blocks_and_one_that_names_a_skipped_block(bulk: Bulk, bucket: str) -> None:

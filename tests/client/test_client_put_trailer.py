@@ -110,8 +110,9 @@ def save_twice(node: VersionedNode, *, strict: bool = False, between: object = N
 def test_a_node_that_announces_it_gets_the_checksums_after_the_payloads(nodes: list[VersionedNode]) -> None:
     nodes.append(node := VersionedNode(announces=True, accepts=True))
     assert save_twice(node) == ([4, 4], 0)
-    # The first put goes before any answer said what the node takes; the second uses the trailer.
-    assert [p.trailer for p in node.puts] == [False, True]
+    # Both use the trailer: before its first save the client asked the node (an empty lookup), whose answer, a
+    # refusal here, said what it takes.
+    assert [p.trailer for p in node.puts] == [True, True]
     assert all(p.verified and p.sizes == [64 << 10] * 4 for p in node.puts)
 
 
@@ -131,4 +132,4 @@ def test_a_node_rolled_back_to_an_older_version_gets_the_call_again_without_a_fa
 
     assert save_twice(node, strict=strict, between=roll_back) == ([4, 4], 0)
     # The second save's trailer was refused (not recorded) and sent again with the checksums in the head.
-    assert [p.trailer for p in node.puts] == [False, False] and all(p.verified for p in node.puts)
+    assert [p.trailer for p in node.puts] == [True, False] and all(p.verified for p in node.puts)

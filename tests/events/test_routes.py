@@ -107,6 +107,10 @@ def test_a_save_carries_its_route_only_to_a_node_that_asks(tmp_path: Path) -> No
                 assert store._async.pod.nodes[0].put_route is asks
                 assert ns.save(tokens, [b"x" * 10] * 3).existed == 3  # (no new event)
                 assert bulk_lookups(node, token) == 1  # asked before the first save only
+            with ContextStore(node.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY) as store:
+                # A refusal tells as much: the node's answer for a bucket it does not have.
+                store._loop.run(store._async._learn_features("no-such-bucket"))
+                assert store._async.pod.nodes[0].features_known and store._async.pod.nodes[0].put_route is asks
         keys = [int(k, 16) for k in ns.block_hashes(tokens)]
         stored: list[Any] = []
         deadline = time.monotonic() + 5
