@@ -21,14 +21,14 @@ def frame_reply(frame: bytes, payloads: Sequence[bytes | bytearray | memoryview]
     return Reply(200, [("content-type", wire.CONTENT_TYPE)], [frame, *payloads])
 
 
-_TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}  # the engine's tier names
+TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}  # the engine's tier names
 
 
 async def lookup(call: BulkCall) -> Reply:
     """Per-key sizes and the present prefix; ``pin`` pins every present block, not only the prefix."""
     request = await call.keys_request("lookup")
     sizes, tiers = call.engine.locate(call.tenant, call.bucket, request.keys)
-    codes = None if tiers is None else list(map(_TIER_CODES.__getitem__, tiers))
+    codes = None if tiers is None else list(map(TIER_CODES.__getitem__, tiers))
     if request.pin:
         keys = [key for key, size in zip(request.keys, sizes, strict=True) if size >= 0]
         call.engine.store.pin(call.tenant, call.bucket, keys, request.pin)

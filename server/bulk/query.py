@@ -14,13 +14,12 @@ from ctxstore import wire
 
 from ..protocol.shell import Reply
 from .call import BulkCall
-from .ops import frame_reply
+from .ops import TIER_CODES, frame_reply
 
-_TIER_CODES = {None: wire.TIER_ABSENT, "ram": wire.TIER_RAM, "disk": wire.TIER_DISK}  # the engine's tier names
 
 
 async def query(call: BulkCall) -> Reply:
     request = wire.decode_query_request(await call.read_head("query"), call.max_keys)
     keys = wire.query_keys(request)
     tiers = call.engine.tiers(call.tenant, call.bucket, keys)
-    return frame_reply(wire.encode_query_response(wire.query_summary(list(map(_TIER_CODES.__getitem__, tiers)))))
+    return frame_reply(wire.encode_query_response(wire.query_summary(list(map(TIER_CODES.__getitem__, tiers)))))

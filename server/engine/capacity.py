@@ -135,12 +135,9 @@ class Capacity:
     def within_quotas(self, bucket: Bucket, need: int, replacing: StoredObject | None, now: float) -> None:
         """Make room under the bucket's and the tenant's byte quotas by evicting their own LRU objects."""
         credit = replacing.charge if replacing is not None else 0
-        quota, _ = self.budget.tenant_usage(bucket.owner)
         # Both size checks come before any eviction: a write refused by one quota must not evict for the other.
-        if bucket.quota and need > bucket.quota:
-            raise errors.EntityTooLarge(f"{need} bytes exceed the bucket quota of {bucket.quota}")
-        if quota and need > quota:
-            raise errors.EntityTooLarge(f"{need} bytes exceed the tenant quota of {quota}")
+        self._check_quotas(bucket, need)
+        quota, _ = self.budget.tenant_usage(bucket.owner)
         if bucket.quota:
             self.eviction.evict_lru(lambda: bucket.stats.charged - credit + need <= bucket.quota, bucket, now,
                                     replacing)

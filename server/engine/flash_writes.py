@@ -317,9 +317,8 @@ class FlashWrites:
         if bucket is not None:
             bucket.stats.demotions += 1
         ref = BlockRef(obj.bucket, obj.tenant, obj.key, obj.size, obj.expires_at)
-        for listener in self.context.listeners:
-            listener(REMOVED, ref, "demoted")
-            listener(STORED, ref, None)
+        self.context.announce(REMOVED, ref, "demoted")  # a move: out of RAM's medium, into the disk's
+        self.context.announce(STORED, ref, None)
 
     # ------------------------------------------------------------------ what waits in the queue
 
