@@ -251,7 +251,7 @@ class AsyncContextStore:
 
     async def _create_on(self, node: Node, bucket: str) -> None:
         try:
-            response = await s3.request(self.signer, node, "PUT", bucket, content_type=wire.CONTENT_TYPE)
+            response = await s3.request(self.signer, node, "PUT", bucket)  # CreateBucket: no body
         except NodeUnavailable as exc:
             self._mark_down(node, str(exc))
             if self.strict:

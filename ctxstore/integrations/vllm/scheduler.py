@@ -1,9 +1,9 @@
 """The scheduler half of the vLLM connector (role SCHEDULER, in the engine core).
 
 ``on_new_request`` starts one bulk ``lookup`` per node for the request's full prompt blocks (keys from
-``request.block_hashes``, :mod:`.keys`), followed (without waiting for it) by a prefetch of the matched prefix
-(:meth:`ctxstore.AsyncContextStore.start_prefetch`), so blocks on a node's flash tier are in RAM when the load
-comes. ``get_num_new_matched_tokens`` answers from the lookup: the longest prefix present on every rank, past what
+``request.block_hashes``, :mod:`.keys`), followed by a prefetch of the matched prefix
+(:meth:`ctxstore.AsyncContextStore.prefetch_located`), so blocks on a node's flash tier are in RAM when the load
+comes; the lookup's answer waits for the nodes to take the prefetch (they answer at once), not for its reads. ``get_num_new_matched_tokens`` answers from the lookup: the longest prefix present on every rank, past what
 vLLM already holds. A lookup still in flight after ``lookup_wait`` answers ``None`` (vLLM asks again next step);
 one older than the call timeout counts as a miss. Loads are synchronous to the step that needs them (the worker
 finishes them in ``start_load_kv``, before the forward pass). Saves: every step, each scheduled request's blocks
