@@ -71,8 +71,8 @@ def request(node: Node | InProcessNode, method: str, path: str, body: Any = None
 
 
 def client_of(node: Node | InProcessNode, access: str = ACCESS_KEY, secret: str = SECRET_KEY) -> Any:
-    return node.client(access, secret) if isinstance(node, InProcessNode) else client_of(node, access,
-                                                                                             secret)
+    return node.client(access, secret) if isinstance(node, InProcessNode) else make_client(node.endpoint, access,
+                                                                                              secret)
 
 
 class Admin:
@@ -120,7 +120,7 @@ def bulk_pin(node: Node | InProcessNode, bucket: str, keys: list[str], seconds: 
     return int(head["count"])
 
 
-def audit_lines(node: InProcessNode) -> list[str]:
+def audit_lines(node: Node) -> list[str]:
     assert node.log is not None
     return [line for line in node.log.read_text().splitlines() if "ctxstore.audit" in line]
 
