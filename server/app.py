@@ -68,6 +68,11 @@ class App:
     def engine(self) -> Engine:
         return self.node.engine
 
+    def _holds(self, bucket: str, keys: list[str]) -> list[bool]:
+        """Per key, whether the node holds a live block there (of whichever tenant owns the bucket)."""
+        owner = self.engine.owner_of(bucket)
+        return self.engine.existing(owner, bucket, keys) if owner is not None else [False] * len(keys)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
@@ -117,6 +122,8 @@ class App:
                     await send({"type": "lifespan.startup.failed", "message": f"flash tier: {exc}"})
                     return
                 self.node.apply_file_quotas()
+                if self.events.routes is not None:
+                    self.events.routes.retain(self._holds)
                 await self.events.start()
                 self.engine.announce_recovered()  # after AllBlocksCleared: what this process holds again
                 self._housekeeper = asyncio.create_task(self._housekeeping())

@@ -6,7 +6,7 @@ stored block without them). They are kept per ``(bucket, key)`` while the block 
 (4 bytes a token: ~100 bytes for a 16-token block). With a flash tier they are also appended to a log beside its
 directory (``<disk>/events-routes.log``: a record per route, ``[bucket, key]`` once its block is gone; rewritten
 with the live ones at start and when it grows past twice their number), so the blocks a restart recovers are
-announced with them again."""
+announced with them again; at start the routes of blocks the node no longer holds are dropped (``retain``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 from array import array
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import msgpack
@@ -84,6 +85,22 @@ class RouteBook:
         if self.routes.pop((bucket, key), None) is not None and self._file is not None:
             self._file.write(msgpack.packb([bucket, key], use_bin_type=True))
             self._records += 1
+
+    def retain(self, holds: Callable[[str, list[str]], list[bool]]) -> int:
+        """Keep only the routes of blocks the node holds (``holds(bucket, keys)``), and rewrite the log if any
+        went. At start, after the flash tier's recovery: blocks lost with RAM, expired while the node was down
+        or of buckets it forgot left no removal behind, and their routes would stay for good. Returns how many
+        were dropped."""
+        by_bucket: dict[str, list[str]] = {}
+        for bucket, key in self.routes:
+            by_bucket.setdefault(bucket, []).append(key)
+        gone = [(bucket, key) for bucket, keys in by_bucket.items()
+                for key, held in zip(keys, holds(bucket, keys), strict=True) if not held]
+        for pair in gone:
+            del self.routes[pair]
+        if gone and self.path:
+            self._rewrite()
+        return len(gone)
 
     def close(self) -> None:
         if self._file is not None:

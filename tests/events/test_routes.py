@@ -192,3 +192,27 @@ def test_a_staged_save_carries_its_route_chunk_by_chunk(tmp_path: Path) -> None:
         sub.close(linger=0)
         ctx.term()
         node.stop()
+
+
+def test_the_routes_of_blocks_a_restart_did_not_bring_back_are_dropped(tmp_path: Path) -> None:
+    # Blocks lost with RAM at a SIGKILL, expired while the node was down or of a bucket it forgot leave no
+    # removal behind: at start the node keeps only the routes of what it holds, in memory and in the log.
+    path = str(tmp_path / "events-routes.log")
+    book = events.RouteBook(path)
+    book.remember("b", ["aa", "bb", "cc"], wire.PutRoute(1, [[1], [2], [3]], [None, "aa", "bb"]), [0, 1, 2])
+    book.remember("gone", ["dd"], wire.PutRoute(1, [[4]], [None]), [0])
+    book.close()
+    again = events.RouteBook(path)
+    asked: list[tuple[str, list[str]]] = []
+
+    def holds(bucket: str, keys: list[str]) -> list[bool]:
+        asked.append((bucket, sorted(keys)))
+        return [bucket == "b" and key == "bb" for key in keys]
+
+    assert again.retain(holds) == 3
+    assert sorted(asked) == [("b", ["aa", "bb", "cc"]), ("gone", ["dd"])]  # one question per bucket
+    assert [again.get("b", k) is not None for k in ("aa", "bb", "cc")] == [False, True, False]
+    again.close()
+    reread = events.RouteBook(path)
+    assert len(reread) == 1 and reread.get("b", "bb") is not None
+    reread.close()
