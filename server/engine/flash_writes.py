@@ -56,7 +56,10 @@ class FlashWrites:
     def __init__(self, context: FlashContext, queue_limit: int) -> None:
         self.context = context
         self.queue_limit = queue_limit
-        self.max_block = context.config.disk_segment_size - (16 << 10)  # what a segment can hold (the store's rule)
+        # Below this a block always fits a segment: keys (1 KiB at most), bucket and metadata (an ETag, a content
+        # type, 2 KiB of user metadata) take far less than 64 KiB of a record. Above it the store's own rule
+        # decides (FlashOptions.fits), so nothing is taken from RAM that the store would then refuse.
+        self.surely_fits = context.flash.options.max_record_bytes - (64 << 10)
         self.demoting: dict[tuple[str, str], StoredObject] = {}
         # Write-back: RAM objects whose copy is on its way to flash (they stay in RAM); their bytes count in the
         # same queue as the victims', and the same device writes both.
@@ -161,7 +164,8 @@ class FlashWrites:
             return "not_writing"
         if obj.expires_at - ctx.clock() < config.disk_min_ttl:
             return "short_ttl"
-        if obj.size > self.max_block or obj.size > self.queue_limit:
+        if obj.size > self.queue_limit or (obj.size > self.surely_fits and not ctx.flash.options.fits(
+                obj.bucket.encode(), obj.key.encode(), encode_meta(obj), obj.size)):
             return "too_large"  # a segment, or the queue, could never take it
         quota = ctx.store.budget.tenant_quota.get(obj.tenant, 0)
         if quota and config.budget:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .buckets import BucketTable
 from .catalog import Catalog
-from .format import FOOTER_ENTRY, MAX_BUCKET, MAX_KEY, fingerprint, record_size
+from .format import fingerprint, record_size
 from .health import Health
 from .options import FlashOptions
 from .segment_table import SegmentTable
@@ -141,13 +141,11 @@ class Appends:
         """``rec`` made ready for the writer, or why it cannot be written. ``move_from``: the (segment,
         offset) of the copy it replaces (compaction): indexed only if the index still points there."""
         b, k = rec.bucket.encode(), rec.key.encode()
-        if len(b) > MAX_BUCKET or len(k) > MAX_KEY:
+        if not self._options.fits(b, k, rec.metadata, len(rec.payload)):
             return TOO_LARGE, None
         if rec.expires_at <= now:
             return ALREADY_EXPIRED, None
         _, rlen = record_size(b, k, rec.metadata, len(rec.payload))
-        if rlen + FOOTER_ENTRY.itemsize + len(k) + len(b) > self._options.max_record_bytes:
-            return TOO_LARGE, None
         self._buckets.id(rec.bucket)
         self._tickets += 1
         fp = fingerprint(self._buckets.seed(rec.bucket), k)

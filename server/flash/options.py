@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .format import BLOCK, TRAILER
+from .format import BLOCK, FOOTER_ENTRY, MAX_BUCKET, MAX_KEY, TRAILER, record_size
 
 MiB = 1 << 20
 
@@ -48,6 +48,13 @@ class FlashOptions:
         setattr_(self, "meta_reserve", reserve)
         setattr_(self, "max_open_segments", max(1, min(self.max_open_segments, slots - 2)))
         setattr_(self, "max_record_bytes", self.segment_bytes - 4 * BLOCK - TRAILER)
+
+    def fits(self, bucket: bytes, key: bytes, meta: bytes, payload_len: int) -> bool:
+        """Whether a segment can take this record (with its footer entry and the key and bucket it repeats)."""
+        if len(bucket) > MAX_BUCKET or len(key) > MAX_KEY:
+            return False
+        _, rlen = record_size(bucket, key, meta, payload_len)
+        return rlen + FOOTER_ENTRY.itemsize + len(key) + len(bucket) <= self.max_record_bytes
 
     @property
     def compact_budget(self) -> int:

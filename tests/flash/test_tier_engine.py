@@ -742,6 +742,28 @@ def test_a_tenant_with_a_quota_keeps_to_its_share_of_flash(tmp_path: Path) -> No
     run(go)
 
 
+def test_a_victim_a_segment_cannot_hold_is_dropped_as_too_large_and_never_said_to_be_on_flash(tmp_path: Path) -> None:
+    # 256 KiB segments hold records of 256 KiB - 16 KiB - 72 bytes, less the record's header and footer entry. A
+    # block just under 240 KiB was taken as fitting: removed from RAM as "demoted", announced on flash, then
+    # refused by the store and counted as not writing.
+    clock = Clock()
+    disk: list[tuple[str, str, str | None]] = []
+
+    async def go() -> None:
+        engine = await opened(tmp_path, clock, disk_write_back=False)
+        engine.subscribe(on_disk=lambda kind, block, reason: disk.append((kind, block.key, reason)))
+        engine.create_bucket(TENANT, BUCKET)
+        for i in range(4):  # 4 x ~240 KiB in 512 KiB of RAM: at least two are evicted
+            put(engine, f"big{i}", size=240 * KiB - 8)
+        await settle(engine)
+        stats = engine.operator.stats()
+        assert stats["disk_dropped_too_large"] >= 2 and stats["disk_dropped_not_writing"] == 0, stats
+        assert stats["disk_objects"] == 0 and disk == []
+        await engine.close()
+
+    run(go)
+
+
 def test_demotion_events_are_a_medium_change(tmp_path: Path) -> None:
     clock = Clock()
     disk: list[tuple[str, str, str | None]] = []
