@@ -150,6 +150,12 @@ class QueryResult:
         return self.ram_blocks * self.block_size
 
 
+def flash_resident(keys: Sequence[str], found: Sequence[tuple[int, str] | None]) -> list[str]:
+    """Of ``keys``, those that :meth:`AsyncContextStore.locate_keys` (``found``) places on a node's flash tier:
+    what the prefetch of a matched prefix asks for (none on RAM-only nodes, where a caller then starts nothing)."""
+    return [k for k, f in zip(keys, found, strict=True) if f is not None and f[1] == "disk"]
+
+
 class AsyncContextStore:
     """A pod of ctxstore nodes, for asyncio code. See :class:`ctxstore.ContextStore` for the sync twin."""
 
@@ -455,7 +461,7 @@ class AsyncContextStore:
         connectors share: ``found`` is :meth:`locate_keys`'s answer for ``keys``; the blocks it places on a
         node's flash tier are asked for, and nothing at all when none is there (RAM-only nodes). Returns how
         many blocks the nodes will read from flash."""
-        cold = [k for k, f in zip(keys, found, strict=True) if f is not None and f[1] == "disk"]
+        cold = flash_resident(keys, found)
         return await self.prefetch_keys(bucket, cold) if cold else 0
 
     async def query(self, bucket: str, keys: Sequence[str], *, block_size: int = 0) -> QueryResult:

@@ -24,7 +24,7 @@ from lmcache.v1.storage_backend.connector import ConnectorAdapter, ConnectorCont
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from ...buffers import Destinations, byte_view
-from ...core import AsyncContextStore, Timeouts
+from ...core import AsyncContextStore, Timeouts, flash_resident
 from ...errors import ConfigurationError
 from ...wire import ABSENT, prefix_length
 
@@ -103,9 +103,9 @@ class CtxStoreRemoteConnector(RemoteConnector):
         names = [k.to_string() for k in keys]
         found = await self.store.locate_keys(self.bucket, names, pin=self.pin_seconds if pin else 0.0)
         n = prefix_length([f[0] if f is not None and self._usable(f[0]) else ABSENT for f in found])
-        if n:  # what of it is on a node's flash tier is brought into RAM while LMCache gets ready to retrieve
-            task = asyncio.get_running_loop().create_task(self.store.prefetch_located(self.bucket, names[:n],
-                                                                                      found[:n]))
+        cold = flash_resident(names[:n], found[:n])  # brought into RAM while LMCache gets ready to retrieve
+        if cold:
+            task = asyncio.get_running_loop().create_task(self.store.prefetch_keys(self.bucket, cold))
             self._prefetches.add(task)
             task.add_done_callback(self._prefetch_done)
         return n

@@ -2,7 +2,7 @@
 
 ``on_new_request`` starts one bulk ``lookup`` per node for the request's full prompt blocks (keys from
 ``request.block_hashes``, :mod:`.keys`), followed by a prefetch of the matched prefix
-(:meth:`ctxstore.AsyncContextStore.prefetch_located`), so blocks on a node's flash tier are in RAM when the load
+(of its blocks on a node's flash tier, :func:`ctxstore.core.flash_resident`), so blocks on a node's flash tier are in RAM when the load
 comes; the lookup's answer waits for the nodes to take the prefetch (they answer at once), not for its reads. ``get_num_new_matched_tokens`` answers from the lookup: the longest prefix present on every rank, past what
 vLLM already holds. A lookup still in flight after ``lookup_wait`` answers ``None`` (vLLM asks again next step);
 one older than the call timeout counts as a miss. Loads are synchronous to the step that needs them (the worker
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 from vllm.logger import init_logger
 
+from ...core import flash_resident
 from ...wire import ABSENT
 from .common import ConnectorClient, ConnectorConfig, CtxStoreConnectorMetadata, CtxStoreWorkerMetadata, Transfer
 from .keys import KeySpace
@@ -128,11 +129,12 @@ class CtxStoreScheduler:
         found = await store.locate_keys(bucket, keys)
         sizes = [ABSENT if f is None else f[0] for f in found]
         prefix = _common_prefix(sizes, n_blocks, self.keyspace.block_bytes)
-        if self.config.prefetch and prefix:  # the prefix every rank holds, of each rank's keys
-            matched = [i for i in range(len(keys)) if i % n_blocks < prefix]
-            # Asks only for blocks on a node's flash tier: nothing of RAM-only nodes (then it ends at once).
-            task = asyncio.get_running_loop().create_task(
-                store.prefetch_located(bucket, [keys[i] for i in matched], [found[i] for i in matched]))
+        # Of the prefix every rank holds (each rank's keys), the blocks on a node's flash tier: none on RAM-only
+        # nodes, where nothing is started.
+        matched = [i for i in range(len(keys)) if i % n_blocks < prefix]
+        cold = flash_resident([keys[i] for i in matched], [found[i] for i in matched]) if self.config.prefetch else []
+        if cold:
+            task = asyncio.get_running_loop().create_task(store.prefetch_keys(bucket, cold))
             self._prefetches.add(task)
             task.add_done_callback(self._prefetch_done)
             await asyncio.wait({task}, timeout=PREFETCH_ORDER_WAIT)
