@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -56,6 +57,9 @@ log = logging.getLogger("ctxstore.sglang")
 T = TypeVar("T")
 #: Seconds past a call's deadline that its cancellation may take before the call is abandoned.
 CANCEL_GRACE = 2.0
+# The most pages clear() remembers to delete (~200 B each): past it the oldest are forgotten, left to their TTL
+# and to eviction, so a long-running writer's memory stays bounded.
+MAX_TRACKED_PAGES = 1 << 18
 
 #: Settings read from ``--hicache-storage-backend-extra-config`` (every other key is SGLang's or the factory's).
 DEFAULTS: dict[str, Any] = {
@@ -106,7 +110,8 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         self._loop = LoopThread("ctxstore-hicache")
         self._bucket_ready = False
         self._lock = threading.Lock()
-        self._stored: set[str] = set()  # object keys this backend stored: what clear() deletes
+        # Object keys this backend stored, oldest first (an ordered set): what clear() deletes.
+        self._stored: OrderedDict[str, None] = OrderedDict()
         self.prefix = ""
         self.page_bytes = 0
         self.counters: dict[str, float] = dict.fromkeys(
@@ -266,7 +271,9 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
 
         ok = self._run(put(), self.call_timeout, [False] * len(names))
         with self._lock:
-            self._stored.update(n for n, stored in zip(names, ok) if stored)
+            self._stored.update((n, None) for n, stored in zip(names, ok) if stored)
+            for _ in range(len(self._stored) - MAX_TRACKED_PAGES):
+                self._stored.popitem(last=False)
         self._account(self._backup_pgs, self._backup_bandwidth, "stored_pages", "bytes_out", sum(ok), start)
         return ok
 
@@ -338,10 +345,11 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------------ the rest
 
     def clear(self) -> bool:
-        """Delete every page this backend stored (other ranks and instances clear their own; what they stored
-        before a restart expires by its TTL or is evicted)."""
+        """Delete the pages this backend stored, the last :data:`MAX_TRACKED_PAGES` of them (other ranks and
+        instances clear their own; older pages, and what was stored before a restart, expire by their TTL or are
+        evicted)."""
         with self._lock:
-            names, self._stored = list(self._stored), set()
+            names, self._stored = list(self._stored), OrderedDict()
         if not names:
             return True
         deleted = self._run(self.store.keys_op(self.bucket, "delete", names), self.call_timeout, -1)

@@ -25,6 +25,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 from ctxstore.hashing import block_hashes, sglang_namespace_seed  # noqa: E402
+from ctxstore.integrations import sglang as sglang_module  # noqa: E402
 from ctxstore.integrations.sglang import CtxStoreHiCacheStorage  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.real_engine]
@@ -281,7 +282,7 @@ def test_hybrid_models_miss_instead_of_raising(node: Node) -> None:
         store.close()
 
 
-def test_clear_deletes_what_it_stored(node: Node) -> None:
+def test_clear_deletes_what_it_stored(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     pool = sglang_cpu.HostPool("page_first")
     store = backend(addr(node), pool)
     try:
@@ -289,6 +290,11 @@ def test_clear_deletes_what_it_stored(node: Node) -> None:
         assert store.batch_set_v1(ks, pool.indices(0, 8)) == [True] * 8
         assert store.clear() is True
         assert store.batch_exists(ks) == 0
+        # What it remembers for clear() is bounded: past the bound the oldest pages are left to their TTL.
+        monkeypatch.setattr(sglang_module, "MAX_TRACKED_PAGES", 5)
+        assert store.batch_set_v1(ks, pool.indices(0, 8)) == [True] * 8
+        assert store.clear() is True
+        assert [store.exists(k) for k in ks] == [True] * 3 + [False] * 5  # the last five deleted
     finally:
         store.close()
 
