@@ -63,7 +63,6 @@ def test_vllm_loads_the_tier_out_of_tree_and_namespaces_it(report: dict[str, Any
 
 
 def test_chunks_round_trip_byte_exact_between_two_primaries(report: dict[str, Any]) -> None:
-    assert report["submit_store_s"] < 0.05 and report["submit_load_s"] < 0.05  # the scheduler does not wait
     assert report["store"]["success"] is True
     assert report["store"]["events"] == [[8, False, "STORAGE"]]  # the pod's "stored", as a vLLM KV event
     assert report["lookup"]["answers"] == ["HIT"] * 8
@@ -90,13 +89,14 @@ def test_a_hung_node_costs_a_miss_within_the_deadline_and_drain_waits(report: di
     assert report["hang_store_before"] is True
     hang = report["hang_lookup"]
     assert hang["answers"] == ["MISS"]  # never an unbounded RETRY
-    assert hang["seconds"] < hang["deadline"] + 0.25, hang
+    assert hang["seconds"] < hang["deadline"] + 0.5, hang  # the deadline, not the read timeout (1 s)
     assert hang["asked_again"] == ["MISS"]  # past its deadline a key stays a miss until its answer comes
     load = report["hang_load"]
+    assert load["pending_at_return"]  # submit_load returned at once: the scheduler does not wait for a job
     assert load["reported_after_drain"] and load["success"] is False  # a failed job, reported
     assert load["drain_s"] < 2.0 + 1.5 and not load["pending_after"]
     assert report["hang_second_lookup"]["answers"] == ["MISS"]
-    assert report["hang_second_lookup"]["seconds"] < hang["deadline"] + 0.25
+    assert report["hang_second_lookup"]["seconds"] < hang["deadline"] + 0.5
     # The hung node marked down (by the load's timeout, and by lookups alone): the other node's chunks are HITs
     # again, at once. 32 chunks over 2 nodes: P(all on one node) = 2**-31.
     for name in ("hang_node_down_lookup", "hang_node_down_lookups_only_lookup"):
