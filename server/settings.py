@@ -222,20 +222,22 @@ class Settings:
                 "`medium` of the events of blocks the flash tier holds (demoted, or recovered after a restart): "
                 "Dynamo's disk tier.")
     events_zmq_pub: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_PUB",
-                "Bind a ZMQ PUB socket here publishing vLLM-format KV event batches, e.g. tcp://127.0.0.1:5557 "
-                "(a leading `>` connects instead). Empty: off.")
+                "Bind a ZMQ PUB socket here publishing KV events in the --events-zmq-style, e.g. "
+                "tcp://127.0.0.1:5557 (a leading `>` connects instead). Empty: off.")
     events_zmq_replay: str = setting("", STR, "CTXSTORE_EVENTS_ZMQ_REPLAY",
                 "Bind the ZMQ ROUTER replay socket here (vLLM's replay protocol), e.g. tcp://127.0.0.1:5558. "
                 "Empty: off.")
     events_zmq_topic: str = setting("kv-events", STR, "CTXSTORE_EVENTS_ZMQ_TOPIC",
-                "Topic frame of every ZMQ message.")
+                "Topic frame of every ZMQ message in the `vllm` style (`llm-d` names its own per medium and "
+                "bucket, `mooncake` sends an empty one).")
     events_zmq_format: str = setting("array", choice("array", "map"), "CTXSTORE_EVENTS_ZMQ_FORMAT",
                 "Each event of a ZMQ batch as a positional array (`array`, vLLM before PR 42892) or a tagged map "
-                "(`map`, vLLM after it).")
+                "(`map`, vLLM after it); `vllm` style only.")
     events_zmq_hashes: str = setting("int", choice("key", "int", "bytes"), "CTXSTORE_EVENTS_ZMQ_HASHES",
                 "What ZMQ `block_hashes` carry: the key's last path segment read as hex, low 64 bits (`int`: "
                 "Dynamo, llm-d, vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES), the key (`key`: Dynamo cannot "
-                "decode it), or that hex as bytes (`bytes`, vLLM's default).")
+                "decode it), or that hex as bytes (`bytes`, vLLM's default); `vllm` style only (`llm-d` sends "
+                "`int`, `mooncake` the key).")
     events_zmq_style: str = setting("vllm", choice("vllm", "llm-d", "mooncake"), "CTXSTORE_EVENTS_ZMQ_STYLE",
                 "`vllm`: vLLM's KV-event batches on --events-zmq-topic, with each saved block's tokens, parent and "
                 "block size (Dynamo's indexer credits them). `llm-d`: as llm-d's storage tier publishes them "

@@ -183,8 +183,8 @@ class ZmqPublisher:
             self._router.setsockopt(zmq.LINGER, 0)
             _attach(self._router, self.replay_endpoint)
             self._task = asyncio.create_task(self._serve_replay())
-        log.info("publishing KV events on %s (replay %s, topic %r)", self.endpoint,
-                 self.replay_endpoint or "off", self.topic.decode())
+        log.info("publishing KV events, %s style, on %s (replay %s%s)", self.style, self.endpoint,
+                 self.replay_endpoint or "off", f", topic {self.topic.decode()!r}" if self.style == "vllm" else "")
         if self.style == "vllm":  # llm-d's and Mooncake's have no clear: a consumer sees the new process by its seq
             self._send(self.topic, vllm_batch(time.time(), [vllm_event("AllBlocksCleared", [], None, self.fmt)]), 1)
 
