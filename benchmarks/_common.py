@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import datetime
 import json
-import math
 import os
 import resource
 import shutil
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from ctxstore.bench import percentile
 
 ACCESS, SECRET = "BENCHACCESSKEY000001", "bench-secret-key-000001"
 ADMIN_TOKEN = "bench-admin-token-000001"  # CTXSTORE_ADMIN_TOKEN of the nodes that :class:`Node` starts
@@ -355,7 +356,7 @@ def distinct_blocks(size: int, n: int) -> list[memoryview]:
 def stats(samples: Sequence[float]) -> tuple[float, float]:
     """(median, p99 by nearest rank) of ``samples``."""
     ordered = sorted(samples)
-    return statistics.median(ordered), ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+    return statistics.median(ordered), percentile(ordered, 0.99)
 
 
 @dataclass

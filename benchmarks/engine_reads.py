@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import DOCS, baseline_env, git_worktree, pyplot, save_figure, source_state, stats, today
+from _common import DOCS, baseline_env, git_worktree, paired_ratio, pyplot, save_figure, source_state, stats, today
 
 CASES = ("locate, all present", "locate, half absent", "locate, all absent",
          "fetch_many, all present", "fetch_many, half absent", "fetch_many, all absent")
@@ -133,15 +133,13 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, float]]])
     both = "before" in results
     print("| case | after median | after p99 |" + (" before median | before p99 | after ÷ before |" if both else ""))
     print("|---|---:|---:|" + ("---:|---:|---:|" if both else ""))
-    ratios: dict[str, float] = {}
     for case in CASES:
         median, p99 = stats([r[case] for r in results["after"]])
         row = f"| {case} | {median:.0f} | {p99:.0f} |"
         if both:
             after, before = ([r[case] for r in results[side]] for side in ("after", "before"))
             b_median, b_p99 = stats(before)
-            ratios[case] = statistics.median(a / b for a, b in zip(after, before, strict=True))
-            row += f" {b_median:.0f} | {b_p99:.0f} | {ratios[case]:.2f} |"
+            row += f" {b_median:.0f} | {b_p99:.0f} | {paired_ratio(before, after):.2f} |"
         print(row)
     plot(results, args.plot, f"{today()} {source_state()}")
 
