@@ -13,11 +13,11 @@ Two switches for a run by hand (no test sets them; ``tests/serve/test_shards.py`
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.inprocess import scratch_bucket
 from support.nodes import (  # noqa: F401  (re-exported for test modules)
     ACCESS_KEY,
     OTHER_ACCESS_KEY,
@@ -32,7 +32,6 @@ from support.nodes import (  # noqa: F401  (re-exported for test modules)
     stop_process,
     wait_ready,
 )
-
 
 # The longest files start first. scripts/test gives each pytest process a whole file at a time, in collection
 # order: a file of a minute or more (vLLM processes, a cold mypy, flash nodes killed and restarted) left for
@@ -113,14 +112,8 @@ def s3_other(server: Node):
 
 @pytest.fixture
 def bucket(s3) -> Iterator[str]:
-    name = "test-" + secrets.token_hex(6)
-    s3.create_bucket(Bucket=name)
-    yield name
-    paginator = s3.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=name):
-        for obj in page.get("Contents", []):
-            s3.delete_object(Bucket=name, Key=obj["Key"])
-    s3.delete_bucket(Bucket=name)
+    with scratch_bucket(s3) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")

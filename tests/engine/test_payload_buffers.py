@@ -7,12 +7,11 @@ from __future__ import annotations
 import gc
 
 import numpy as np
-import pytest
+from support.inprocess import FakeClock
 
 from ctxstore_server.engine import Engine, EngineConfig
 from ctxstore_server.engine.buffers import IDLE_SECONDS, MIN_POOLED, PAGE, PayloadBuffers
 from ctxstore_server.engine.objects import OBJECT_OVERHEAD
-from support.inprocess import FakeClock
 
 T, B = "alice", "blocks"
 KiB, MiB = 1 << 10, 1 << 20
@@ -46,11 +45,6 @@ def store_then_delete(engine: Engine, n: int, prefix: str = "k", size: int = BLO
         store(engine, f"{prefix}{i}", i % 251, size)
     for i in range(n):
         engine.store.delete(T, B, f"{prefix}{i}")
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1_000_000.0)
 
 
 def test_buffers_have_the_size_asked_and_take_any_bytes(clock: FakeClock) -> None:

@@ -4,16 +4,15 @@ reads them. (Dynamo's own indexer against a node: tests/integrations/test_dynamo
 
 from __future__ import annotations
 
-import re
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 import zmq
-from support.nodes import ACCESS_KEY, SECRET_KEY, Node, free_port, start_node
+from support.nodes import ACCESS_KEY, SECRET_KEY, free_port, start_node
+from support.probes import metric
 
 from ctxstore import ContextStore, wire
 from ctxstore_server import events
@@ -75,12 +74,7 @@ def test_the_route_log_survives_a_restart_and_drops_what_is_gone(tmp_path: Path)
     reset.close()
 
 
-def bulk_lookups(node: Node, token: str) -> float:
-    request = urllib.request.Request(f"{node.endpoint}/_ctx/metrics", headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        text = answer.read().decode()
-    found = re.search(r'^ctxstore_requests_total\{api="bulk",operation="lookup",status="200"\} (\S+)$', text, re.M)
-    return float(found.group(1)) if found else 0.0
+LOOKUPS = 'ctxstore_requests_total{api="bulk",operation="lookup",status="200"}'
 
 
 def _subscriber(ctx: zmq.Context[Any], endpoint: str) -> zmq.Socket[Any]:
@@ -106,7 +100,7 @@ def test_a_save_carries_its_route_only_to_a_node_that_asks(tmp_path: Path) -> No
                 assert ns.save(tokens, [b"x" * 10] * 3).stored == 3
                 assert store._async.pod.nodes[0].put_route is asks
                 assert ns.save(tokens, [b"x" * 10] * 3).existed == 3  # (no new event)
-                assert bulk_lookups(node, token) == 1  # asked before the first save only
+                assert metric(node, LOOKUPS, token) == 1  # asked before the first save only
             with ContextStore(node.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY) as store:
                 # A refusal tells as much: the node's answer for a bucket it does not have.
                 store._loop.run(store._async._learn_features("no-such-bucket"))

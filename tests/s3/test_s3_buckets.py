@@ -12,7 +12,7 @@ from xml.etree import ElementTree
 
 import pytest
 from botocore.exceptions import ClientError
-from support.inprocess import InProcessNode
+from support.inprocess import InProcessNode, scratch_bucket
 from support.nodes import ACCESS_KEY, OTHER_ACCESS_KEY, OTHER_SECRET_KEY, SECRET_KEY
 from support.raw import raw_request, signed_request
 
@@ -26,19 +26,6 @@ def code_of(exc: pytest.ExceptionInfo[ClientError]) -> tuple[str, int]:
 
 def unique(prefix: str = "bkt") -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
-
-
-@contextlib.contextmanager
-def scratch_bucket(client, name: str | None = None) -> Iterator[str]:
-    name = name or unique()
-    client.create_bucket(Bucket=name)
-    try:
-        yield name
-    finally:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
-            for obj in page.get("Contents", []):
-                client.delete_object(Bucket=name, Key=obj["Key"])
-        client.delete_bucket(Bucket=name)
 
 
 @contextlib.contextmanager
@@ -91,7 +78,7 @@ def test_invalid_bucket_names(s3, name: str) -> None:
 def test_valid_bucket_names(s3, shape: str) -> None:
     name = shape.format(t=secrets.token_hex(6))  # 3 to 63 characters
     assert 3 <= len(name) <= 63
-    with scratch_bucket(s3, name):
+    with scratch_bucket(s3, name=name):
         s3.head_bucket(Bucket=name)
         assert name in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 
@@ -357,7 +344,7 @@ def test_virtual_hosted_create_and_delete_bucket(inprocess: InProcessNode, s3) -
 
 def test_virtual_hosted_bucket_with_dots(inprocess: InProcessNode, s3) -> None:
     name = f"with.dots.{secrets.token_hex(4)}"
-    with scratch_bucket(s3, name):
+    with scratch_bucket(s3, name=name):
         s3.put_object(Bucket=name, Key="k", Body=b"dotted")
         raw = signed_request(inprocess, "GET", "/k", host=f"{name}.{DOMAIN}:{inprocess.port}")
         assert raw.status == 200

@@ -10,7 +10,6 @@ one traceback in the node's log per request (45 in 3,000 fuzzed S3 requests). No
 from __future__ import annotations
 
 import hashlib
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -19,10 +18,9 @@ from pathlib import Path
 import pytest
 from support.nodes import Node, make_client
 from support.probes import (
-    ADMIN_TOKEN,
-    http_request,
     log_size,
     log_text,
+    metric,
     start_probed_node,
     tracebacks,
     wait_until,
@@ -43,14 +41,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         yield started
     finally:
         started.stop()
-
-
-def metric(node: Node, sample: str) -> float:
-    """One sample of the node's /metrics (0 when absent), e.g. ``ctxstore_writes_after_close_total``."""
-    status, body = http_request(node.port, "GET", "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert status == 200
-    match = re.search(rb"^" + re.escape(sample.encode()) + rb" (\S+)$", body, re.MULTILINE)
-    return float(match.group(1)) if match is not None else 0.0
 
 
 def writes_after_close(node: Node) -> float:

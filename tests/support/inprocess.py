@@ -186,9 +186,10 @@ def like_the_session_node(**settings: Any) -> InProcessNode:
 
 
 @contextmanager
-def scratch_bucket(client: Any, prefix: str = "test") -> Iterator[str]:
-    """A fresh bucket of ``client``'s tenant, emptied and deleted afterwards."""
-    name = f"{prefix}-{secrets.token_hex(6)}"
+def scratch_bucket(client: Any, prefix: str = "test", *, name: str | None = None) -> Iterator[str]:
+    """A fresh bucket of ``client``'s tenant (``name``, or the prefix and a random suffix), emptied and deleted
+    afterwards. Any S3 client: an in-process node's or a real node's."""
+    name = name or f"{prefix}-{secrets.token_hex(6)}"
     client.create_bucket(Bucket=name)
     try:
         yield name

@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable
@@ -75,6 +76,15 @@ def http_request(port: int, method: str, path: str, body: bytes | None = None,
         return resp.status, resp.read()
     finally:
         conn.close()
+
+
+def metric(node: Node, sample: str, token: str = ADMIN_TOKEN) -> float:
+    """One sample of the node's /metrics (0 when absent), written as exposed, e.g.
+    ``ctxstore_requests_total{api="bulk",operation="lookup",status="200"}``."""
+    status, body = http_request(node.port, "GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+    assert status == 200, body[:200]
+    match = re.search(rb"^" + re.escape(sample.encode()) + rb" (\S+)$", body, re.MULTILINE)
+    return float(match.group(1)) if match is not None else 0.0
 
 
 def alive(node: Node, timeout: float = 5.0) -> bool:

@@ -30,6 +30,8 @@ from botocore.auth import HmacV1QueryAuth, S3SigV4Auth, S3SigV4QueryAuth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
+from ctxstore import wire
+
 from .inprocess import InProcessNode
 from .nodes import ACCESS_KEY, SECRET_KEY, Node
 
@@ -38,7 +40,6 @@ SIGNED_CHUNKS = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 SIGNED_CHUNKS_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
 UNSIGNED_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-BULK_PREFIX = "/_ctx/v1/bulk"
 
 # Where a request goes: a real node, an in-process one, or an endpoint URL (``http://host:port``).
 Target = Node | InProcessNode | str
@@ -464,7 +465,7 @@ class RawClient:
 
     def bulk(self, bucket: str, op: str, body: bytes, *, headers: dict[str, str] | None = None) -> RawResponse:
         """A bulk API call (``UNSIGNED-PAYLOAD``)."""
-        target = f"{BULK_PREFIX}/{bucket}/{op}"
+        target = f"{wire.PREFIX}/{bucket}/{op}"
         all_headers = {"Content-Length": str(len(body)), **(headers or {})}
         all_headers = sign(self.endpoint, "POST", target, payload_hash=UNSIGNED, headers=all_headers,
                            access=self.access, secret=self.secret).headers
