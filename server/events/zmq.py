@@ -44,7 +44,8 @@ def block_hash(key: str, mode: str) -> str | int | bytes:
     return key.encode()
 
 
-def vllm_event(kind: str, hashes: list[Any], medium: str | None, fmt: str) -> list[Any] | dict[str, Any]:
+def vllm_event(kind: str, hashes: list[Any], medium: str | None, fmt: str, *, parent: Any = None,
+               tokens: list[int] | None = None, block_size: int = 0) -> list[Any] | dict[str, Any]:
     """One KVCacheEvent exactly as msgspec encodes vLLM's structs (tag = class name), in the last schema
     before vLLM PR 42892: BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
     lora_name, extra_keys=None, group_idx=None, kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None),
@@ -54,10 +55,12 @@ def vllm_event(kind: str, hashes: list[Any], medium: str | None, fmt: str) -> li
     ``["BlockStored", hashes, None, [], 0, None, medium, None, None, None, None, None]``,
     ``["BlockRemoved", hashes, medium, None]``, ``["AllBlocksCleared"]``.
     ``map`` (vLLM after PR 42892): ``{"type": "BlockStored", "block_hashes": ..., ..., "lora_name": None}``,
-    fields by name in declaration order, the defaulted ones left out (``omit_defaults``)."""
+    fields by name in declaration order, the defaulted ones left out (``omit_defaults``). ``parent``, ``tokens``
+    and ``block_size``: a routed ``BlockStored``'s (:func:`routed_stored`)."""
     if kind == "BlockStored":
         fields: list[tuple[str, Any]] = [
-            ("block_hashes", hashes), ("parent_block_hash", None), ("token_ids", []), ("block_size", 0),
+            ("block_hashes", hashes), ("parent_block_hash", parent), ("token_ids", tokens or []),
+            ("block_size", block_size),
             ("lora_id", None), ("medium", medium), ("lora_name", None),
         ]
         defaulted = 4  # extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
@@ -80,12 +83,10 @@ def routed_stored(hashes: list[Any], parent: Any, tokens: list[int], route: Rout
     salted namespace, the salt as Dynamo's ``cache_salt``. vLLM's struct has no field for the salt, so a
     salted block is always a map (Dynamo reads ``cache_salt`` only from a map; its positional decoder takes no
     salt there); unsalted ones follow ``fmt``."""
-    if route.salt is None and fmt == "array":
-        return ["BlockStored", hashes, parent, tokens, route.block_size, None, medium, None, None, None, None, None]
-    event: dict[str, Any] = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-                             "token_ids": tokens, "block_size": route.block_size, "lora_id": None,
-                             "medium": medium, "lora_name": None}
+    event = vllm_event("BlockStored", hashes, medium, "array" if route.salt is None and fmt == "array" else "map",
+                       parent=parent, tokens=tokens, block_size=route.block_size)
     if route.salt is not None:
+        assert isinstance(event, dict)
         event["cache_salt"] = route.salt
     return event
 
