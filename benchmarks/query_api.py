@@ -37,7 +37,7 @@ class RouterCall:
     """A router's bulk ``query`` naming the tokens, on one kept-alive connection to one node."""
 
     def __init__(self, port: int, bucket: str, ns: Namespace, tokens: list[int], scheme: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)  # bounded, as every load loop
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.host, self.path = f"127.0.0.1:{port}", wire.path(bucket, "query")
         self.body = wire.encode_query_request(wire.QueryRequest(
@@ -45,17 +45,23 @@ class RouterCall:
         self.signer = Signer(ACCESS, SECRET, "us-east-1")
         self.n = len(tokens) // ns.block_size
 
+    def receive(self) -> bytes:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("the node closed the connection mid-answer")
+        return data
+
     def __call__(self) -> wire.QueryResponse:
         head = signed_head(self.signer, "POST", self.host, self.path, len(self.body), content_type=wire.CONTENT_TYPE)
         self.sock.sendall(head + self.body)
         data = b""
         while b"\r\n\r\n" not in data:
-            data += self.sock.recv(65536)
+            data += self.receive()
         header, _, body = data.partition(b"\r\n\r\n")
         length = int(next(line.split(b":", 1)[1] for line in header.split(b"\r\n")
                           if line.lower().startswith(b"content-length:")))
         while len(body) < length:
-            body += self.sock.recv(65536)
+            body += self.receive()
         assert header.startswith(b"HTTP/1.1 200"), header
         return wire.decode_query_response(wire.unpack_head(body, wire.answer_schema("query", self.n))[0], self.n)
 

@@ -344,7 +344,7 @@ class CtxStoreTier(SecondaryTierManager):
     async def _bounded(self, call: Any) -> Any:
         """A bulk call given up (cancelled, its connections closed) past the call timeout: it ends before the
         job's result is reported, so no late byte reaches a primary row vLLM may have reused."""
-        return await asyncio.wait_for(call, self.config.call_timeout + 1.0)
+        return await asyncio.wait_for(call, self.client.deadline)
 
     async def _store(self, job_id: JobId, keys: list[OffloadKey], rows: list[memoryview]) -> None:
         started = time.monotonic()
