@@ -104,7 +104,7 @@ class EventHub:
                 if settings.disk:  # the blocks a restart recovers are announced with their routes again
                     os.makedirs(settings.disk, exist_ok=True)
                     log_path = os.path.join(settings.disk, LOG_NAME)
-                self.routes = RouteBook(log_path, reset=settings.disk_reset)
+                self.routes = RouteBook(log_path, reset=settings.disk_reset, buckets=frozenset(buckets) or None)
             self.zmq = ZmqPublisher(
                 settings.events_zmq_pub, settings.events_zmq_replay, topic=settings.events_zmq_topic,
                 fmt=settings.events_zmq_format, hashes=settings.events_zmq_hashes, medium=self.medium,

@@ -42,8 +42,9 @@ class Route(NamedTuple):
 class RouteBook:
     """The live blocks' routes, optionally logged to ``path`` to survive a restart."""
 
-    def __init__(self, path: str = "", *, reset: bool = False) -> None:
+    def __init__(self, path: str = "", *, reset: bool = False, buckets: frozenset[str] | None = None) -> None:
         self.routes: dict[tuple[str, str], Route] = {}
+        self.buckets = buckets  # the buckets the publisher reports (None: all); the others' routes are not kept
         self.path = path
         self._file: Any = None
         self._records = 0
@@ -62,6 +63,8 @@ class RouteBook:
 
     def remember(self, bucket: str, keys: list[str], route: wire.PutRoute, which: list[int]) -> None:
         """The routes of ``keys[i]`` for every ``i`` in ``which`` (the blocks a put stored)."""
+        if self.buckets is not None and bucket not in self.buckets:
+            return
         added = []
         packed, step = route.packed, 4 * route.block_size
         for i in which:

@@ -188,6 +188,13 @@ def test_a_staged_save_carries_its_route_chunk_by_chunk(tmp_path: Path) -> None:
         node.stop()
 
 
+def test_only_the_routes_of_the_buckets_the_publisher_reports_are_kept() -> None:
+    book = events.RouteBook(buckets=frozenset({"reported"}))
+    for bucket in ("reported", "ignored"):
+        book.remember(bucket, ["aa"], wire.PutRoute(1, [[1]], [None]), [0])
+    assert book.get("reported", "aa") is not None and book.get("ignored", "aa") is None and len(book) == 1
+
+
 def test_the_routes_of_blocks_a_restart_did_not_bring_back_are_dropped(tmp_path: Path) -> None:
     # Blocks lost with RAM at a SIGKILL, expired while the node was down or of a bucket it forgot leave no
     # removal behind: at start the node keeps only the routes of what it holds, in memory and in the log.
