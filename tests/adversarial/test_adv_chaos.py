@@ -194,6 +194,11 @@ def test_pod_under_sigkill_sigstop_and_restarts(tmp_path: Path) -> None:
         for kind in ("restore", "lookup"):
             assert tally.longest.get(kind, 0.0) <= TIMEOUTS.total + SLACK, tally.longest
         assert tally.longest.get("save", 0.0) <= 2 * TIMEOUTS.total + SLACK, tally.longest
+        logs = sorted(tmp_path.glob("node-*.log"))  # every node's, and each restarted one's
+        assert len(logs) >= len(nodes)
+        for log in logs:  # a fault is a miss or a clean error answer, never a stack trace
+            text = log.read_text(errors="replace")
+            assert "Traceback" not in text and "Exception in ASGI" not in text, (log.name, text[-3000:])
         print(f"chaos: {tally.calls} calls, {tally.blocks_checked} blocks checked, {tally.wrong_blocks} wrong, "
               f"{tally.short_restores} short restores, longest {tally.longest}")
     finally:
