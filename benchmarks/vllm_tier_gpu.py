@@ -42,7 +42,8 @@ BUCKET = "vllm-tier-gpu"
 def tier_config(nodes: str, cpu_bytes: int) -> dict[str, Any]:
     return {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": cpu_bytes,
             "secondary_tiers": [{"type": "CtxStoreTier", "module_path": "ctxstore.integrations.vllm.tier",
-                                 "nodes": nodes, "bucket": BUCKET, "enable_kv_events": False}]}
+                                 "nodes": nodes, "bucket": BUCKET, "enable_kv_events": False,
+                                 "locality": "REMOTE"}]}
 
 
 def engine(args: argparse.Namespace) -> None:

@@ -198,6 +198,7 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         store.put_keys(bucket, [b.object_key(bad[0])], [memoryview(b"x" * (CHUNK // 2))])  # type: ignore[attr-defined]
         b.submit_load(job(4, bad, [0], ReqContext(req_id="r3"), load=True))
         got = finish(b, {4}).get(4)
+        b.drain_jobs()  # the bad copy is deleted after the job's result
         left = store.lookup_keys(bucket, [b.object_key(bad[0])])[0]  # type: ignore[attr-defined]
         a.submit_store(job(5, bad, [0], ReqContext(req_id="r3"), load=False))
         restored = finish(a, {5}).get(5)
@@ -272,11 +273,135 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         report["hang_node_down_lookups_only_lookup"]["first"] = sorted(set(d_first))
     finally:
         os.kill(hang_pid, signal.SIGCONT)
+    # The load that failed on the hung node deleted nothing: its chunks are good for every other instance.
+    with ContextStore(nodes, threads=1) as store:
+        sizes = store.lookup_keys(bucket, [c.object_key(k) for k in fresh])  # type: ignore[attr-defined]
+    report["hang_chunks_kept"] = sum(size == CHUNK for size in sizes)
     stats = c.get_stats()
     report["stats"] = stats.reduce() if stats is not None else {}
     for tier in (a, b, c, d):
         tier.shutdown()
     return report
+
+
+def offloading_config(engine: str, nodes: str, bucket: str, *, tp: int = 1, agnostic: bool = True,
+                      worker_bytes: int = CHUNK, world: int = 1) -> OffloadingConfig:
+    """An OffloadingConfig whose secondary tier is this one, as vLLM's scheduler builds it from --kv-transfer-config
+    (a primary of four chunks)."""
+    tier = {"type": "CtxStoreTier", "module_path": "ctxstore.integrations.vllm.tier", "nodes": nodes,
+            "bucket": bucket, "enable_kv_events": True, "locality": "REMOTE", "connect_timeout": 0.5,
+            "read_timeout": 1.0, "call_timeout": 2.0}
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("layer.0", "layer.1"), group_id=0),),
+        worker_kv_bytes_per_block=worker_bytes, enable_kv_cache_events=True, engine_id=engine,
+        extra_config={"cpu_bytes_to_use": 4 * CHUNK * world, "secondary_tiers": [tier]},
+        model=OffloadingModelConfig(name="ctxstore-test/tier", dtype="bfloat16"),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(rank=0, world_size=world, tp_size=tp, pp_size=1, pcp_size=1, dcp_size=1,
+                                          data_parallel_index=0, data_parallel_size=1,
+                                          data_parallel_rank_local=None, is_parallelism_agnostic=agnostic))
+
+
+def real_manager(nodes: str, bucket: str) -> dict[str, Any]:
+    """vLLM's own TieringOffloadingManager (scheduler side; it runs on CPU, only the workers need a GPU) over
+    two instances: A's chunk goes GPU -> primary -> cascaded to the pod, B looks it up, promotes it into its
+    primary and finds it byte-exact; both shut down and vLLM closes their shared memory."""
+    import logging
+
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    class Capture(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    capture = Capture()
+    logging.getLogger("vllm").addHandler(capture)
+    end = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+    managers = [TieringOffloadingSpec(offloading_config(f"{name}-{os.getpid()}", nodes, bucket)).get_manager()
+                for name in ("a", "b")]
+    a, b = managers
+    keys = keys_of("manager-" + os.urandom(4).hex(), 3)
+    out: dict[str, Any] = {}
+    req_a = ReqContext(req_id="ma")
+    a.on_new_request(req_a)
+    prepared = a.prepare_store(keys, req_a)
+    assert prepared is not None
+    view_a = memoryview(a.primary_tier.get_kv_memoryview()).cast("B")
+    for chunk in prepared.store_spec.chunk_ids:
+        view_a[int(chunk) * CHUNK:(int(chunk) + 1) * CHUNK] = bytes([int(chunk) + 7]) * CHUNK  # GPU -> primary
+    written = {k: bytes([int(c) + 7]) * CHUNK for k, c in zip(keys, prepared.store_spec.chunk_ids)}
+    del view_a
+    a.complete_store(keys, req_a)
+    deadline = time.monotonic() + 10
+    while a.has_pending_work() and time.monotonic() < deadline:  # the cascade to the pod
+        a.on_schedule_end(end)
+        time.sleep(STEP)
+    out["cascaded"] = not a.has_pending_work()
+    out["stored_events"] = sum(len(e.keys) for e in a.take_events() if e.medium.name == "STORAGE" and not e.removed)
+    a.on_request_finished(req_a)
+    req_b = ReqContext(req_id="mb")
+    b.on_new_request(req_b)
+    answers: list[Any] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # B's lookups: RETRY, then the pod's answer promotes the chunks
+        answers = [b.lookup(k, req_b) for k in keys]
+        if all(x is LookupResult.HIT for x in answers):
+            break
+        b.on_schedule_end(end)
+        time.sleep(STEP)
+    out["answers"] = [x.name if x is not None else None for x in answers]
+    spec = b.prepare_load(keys, req_b)
+    view_b = memoryview(b.primary_tier.get_kv_memoryview()).cast("B")
+    out["exact"] = all(bytes(view_b[int(c) * CHUNK:(int(c) + 1) * CHUNK]) == written[k]
+                       for k, c in zip(keys, spec.chunk_ids))
+    del view_b
+    b.complete_load(keys, req_b)
+    b.on_request_finished(req_b)
+    regions = [m.primary_tier._mmap_region for m in managers]  # vLLM's shared memory, which shutdown closes
+    for m in managers:
+        m.shutdown()
+    out["shared_memory_closed"] = all(r.mmap_obj is None for r in regions)
+    out["close_warnings"] = [m for m in capture.messages if "mmap" in m or "fd" in m]
+    logging.getLogger("vllm").removeHandler(capture)
+    return out
+
+
+def namespaces(nodes: str, bucket: str) -> dict[str, Any]:
+    """The tier's namespace across topologies: one for chunks vLLM certifies topology-free, one each otherwise."""
+    from ctxstore.integrations.vllm.tier import TierConfig, tier_keyspace
+
+    def namespace(tp: int, agnostic: bool) -> str:
+        config = offloading_config("ns", nodes, bucket, tp=tp, agnostic=agnostic, worker_bytes=CHUNK // tp)
+        return tier_keyspace(Spec(config), CHUNK, TierConfig()).namespace()
+
+    return {"agnostic": len({namespace(tp, True) for tp in (1, 2, 4)}),
+            "per_topology": len({namespace(tp, False) for tp in (1, 2, 4)})}
+
+
+def hash_check(nodes: str, bucket: str) -> dict[str, Any]:
+    """vLLM seeds its block hashes with another algorithm than the tier's (last: NONE_HASH is process-wide)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+
+    init_none_hash(get_hash_fn_by_name("sha256_cbor"))  # vLLM's --prefix-caching-hash-algo sha256_cbor
+    wrong = make_tier(nodes, bucket, make_primary(None)[1])  # the default: sha256
+    right = make_tier(nodes, bucket, make_primary(None)[1], hash_algo="sha256_cbor")
+    keys, req = keys_of("hash-check", 2), ReqContext(req_id="h1")
+    out = {"wrong_lookup": [wrong.lookup(k, req).name for k in keys]}
+    wrong.submit_store(job(20, keys, [0, 1], req, load=False))
+    result = finish(wrong, {20}).get(20)
+    out["wrong_store"] = result.success if result else None
+    out["right_lookup"] = resolve(right, keys, req)[0]  # asked, answered: the chunks were never stored
+    right.submit_store(job(21, keys, [0, 1], req, load=False))
+    result = finish(right, {21}).get(21)
+    out["right_store"] = result.success if result else None
+    for tier in (wrong, right):
+        tier.shutdown()
+    return out
 
 
 def main() -> None:
@@ -286,7 +411,11 @@ def main() -> None:
     parser.add_argument("--hang-pid", type=int, required=True)
     args = parser.parse_args()
     try:
-        print("REPORT " + json.dumps(run(args.nodes, args.bucket, args.hang_pid)), flush=True)
+        report = run(args.nodes, args.bucket, args.hang_pid)
+        report["real_manager"] = real_manager(args.nodes, args.bucket)
+        report["namespaces"] = namespaces(args.nodes, args.bucket)
+        report["hash_check"] = hash_check(args.nodes, args.bucket)
+        print("REPORT " + json.dumps(report), flush=True)
     finally:
         for region in REGIONS:
             region.cleanup()

@@ -74,12 +74,13 @@ class ConnectorClient:
     """An :class:`AsyncContextStore` on a private event-loop thread; calls return futures or bounded results."""
 
     def __init__(self, config: ConnectorConfig) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="ctxstore-vllm", daemon=True)
-        self._thread.start()
+        # The client first: if its configuration is refused, no loop or thread is left behind.
         self.store = AsyncContextStore(config.nodes, access_key=config.access_key, secret_key=config.secret_key,
                                        timeouts=config.timeouts(), limits=Limits(), staging=config.staging,
                                        staging_bytes=config.staging_bytes)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="ctxstore-vllm", daemon=True)
+        self._thread.start()
         self.deadline = config.call_timeout + 1.0  # the client's own per-call timeouts come first
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -111,6 +112,8 @@ class ConnectorClient:
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5.0)
+        if not self._thread.is_alive():
+            self.loop.close()  # its selector and wake-up pipe
 
 
 # ---------------------------------------------------------------------------------------------- metadata

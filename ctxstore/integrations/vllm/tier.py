@@ -11,7 +11,7 @@ vLLM keeps offloaded chunks in a CPU primary tier and cascades them to secondary
 :class:`CtxStoreTier` runs in the scheduler process, and none of its methods waits on the pod:
 
 * ``lookup`` answers from batched lookups (vLLM's ``AsyncLookupManager``: the step's keys are flushed in
-  ``on_schedule_end`` as one bulk ``lookup`` per node, on the manager's thread). Until the answer is in it says
+  ``on_schedule_end`` as one bulk ``lookup`` per node and request, on the manager's thread). Until the answer is in it says
   RETRY — for at most ``lookup_deadline`` seconds from the key's first lookup, after which the answer is MISS (the
   lookup thread stops waiting for the batch at that deadline too; the call runs on to the read timeout, which
   marks a hung node down): a slow or hung node costs a recompute, never a stalled request.
@@ -19,10 +19,11 @@ vLLM keeps offloaded chunks in a CPU primary tier and cascades them to secondary
   per node between the job's primary-tier rows (``primary_kv_view``, no copy) and the pod. ``get_finished_jobs``
   reports each job once it ended: ``JobResult(success=False)`` for any chunk that was not stored, or did not come
   back whole and verified (XXH3-64), ``successful_keys`` naming the chunks that did. A chunk that failed to load
-  is deleted from the pod so that the chunk vLLM recomputes replaces it, and it counts as a miss for its
-  request (``mark_miss``) so vLLM does not try it again.
-* ``drain_jobs`` waits for every submitted job (each ends within ``call_timeout``); ``take_events`` gives the
-  pod's ``stored`` (a store the pod acknowledged) and ``removed`` (a chunk that failed to load and was deleted)
+  counts as a miss for its request (``mark_miss``) so vLLM does not try it again; one the pod holds at another
+  size than a chunk's is then deleted, so that the chunk vLLM recomputes replaces it.
+* ``drain_jobs`` waits for every submitted job (each reports within ``call_timeout`` + 1 s; the check of a failed
+  load's chunks takes at most ``call_timeout`` more); ``take_events`` gives the
+  pod's ``stored`` (a store the pod acknowledged) and ``removed`` (a chunk held at the wrong size, deleted)
   as vLLM KV events when ``enable_kv_events`` is set and vLLM's KV events are on; ``get_stats`` gives the tier's
   counters (``vllm:kv_offload_ctxstore_*``).
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import queue
 import threading
 import time
@@ -65,6 +67,7 @@ from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManag
 
 from ...buffers import Destinations
 from ...errors import ConfigurationError
+from ...wire import ABSENT
 from .common import ConnectorClient, ConnectorConfig
 from .keys import KeySpace, hash_seed
 
@@ -104,13 +107,14 @@ class TierConfig:
     model: str | None = None  # the namespace's model id (default: vLLM's model name)
     revision: str = ""
     # vLLM's --prefix-caching-hash-algo: a tier sees only vLLM's offloading config, which does not carry it (default:
-    # vLLM's config where it is current in this process, else vLLM's default, sha256)
+    # vLLM's config where it is current in this process, which in vLLM's engine it is not, else vLLM's default,
+    # sha256). The tier checks it against the hash vLLM seeds its chains with before its first lookup or job.
     hash_algo: str | None = None
     ttl: float | None = None  # of stored chunks (default: the bucket's, else the node's)
     lookup_deadline: float = 0.5  # after this long from a key's first lookup the answer is MISS
     connect_timeout: float = 0.5
     read_timeout: float = 2.0
-    call_timeout: float = 10.0  # one bulk call to one node; a job ends (failed) by this long after it started
+    call_timeout: float = 10.0  # one bulk call to one node; a job reports (failed) by this + 1 s after it started
     enable_kv_events: bool = False
     locality: str | None = "REMOTE"
 
@@ -140,6 +144,22 @@ def _vllm_hash_algo() -> str | None:
     return None if current is None else str(current.cache_config.prefix_caching_hash_algo)
 
 
+def _hash_mismatch(algo: str, seed: str) -> str | None:
+    """Why vLLM's block hashes are not those of ``algo`` seeded with ``seed`` (None when they are, or while vLLM
+    has not seeded its chains yet: its engine builds the tier before ``init_none_hash`` runs)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+
+    none_hash = getattr(kv_cache_utils, "NONE_HASH", None)
+    if none_hash is None:
+        return None
+    if bytes(none_hash) == get_hash_fn_by_name(algo)(seed):
+        return ""
+    return (f"vLLM's block hashes are not {algo} chains seeded with {seed!r}: set the tier's hash_algo to vLLM's "
+            "--prefix-caching-hash-algo (and, for xxhash or xxhash_cbor, the same PYTHONHASHSEED in every "
+            "instance); the tier answers MISS and fails every job until then")
+
+
 def tier_keyspace(offloading_spec: OffloadingSpec, chunk_bytes: int, config: TierConfig) -> KeySpace:
     """The namespace of the tier's chunks, from vLLM's normalized offloading configuration."""
     oc = offloading_spec.config
@@ -147,10 +167,9 @@ def tier_keyspace(offloading_spec: OffloadingSpec, chunk_bytes: int, config: Tie
     agnostic = bool(parallel.is_parallelism_agnostic or oc.replicated_layout)
     groups = ",".join(f"{g.group_id}:{g.tokens_per_block}x{len(g.layer_names)}" for g in oc.groups)
     layout = (f"vllm-tier:{oc.kv_cache_layout or 'default'}:canonical={bool(oc.canonical_layout)}:"
-              f"replicated={bool(oc.replicated_layout)}:groups={groups}:"
-              f"worker_bytes={oc.worker_kv_bytes_per_block}")
-    if not agnostic:
-        layout += f":pcp={parallel.pcp_size}:dcp={parallel.dcp_size}"
+              f"replicated={bool(oc.replicated_layout)}:groups={groups}")
+    if not agnostic:  # a worker's share of a chunk depends on the topology; topology-free chunks share one space
+        layout += f":worker_bytes={oc.worker_kv_bytes_per_block}:pcp={parallel.pcp_size}:dcp={parallel.dcp_size}"
     algo = config.hash_algo or _vllm_hash_algo() or "sha256"
     return KeySpace(model=config.model or oc.model.name, revision=config.revision, kv_dtype=str(oc.model.dtype),
                     kv_layout=layout, block_size=oc.cache.tokens_per_hash * oc.cache.blocks_per_chunk,
@@ -170,13 +189,13 @@ class _Lookups(AsyncLookupManager):
         return self._tier._batch_lookup(keys)
 
     def mark_miss(self, keys: Collection[OffloadKey]) -> None:
-        """vLLM's ``mark_miss``, except for keys whose lookup is still out: their answer is on its way, and vLLM's
-        ``drain_results`` asserts that an answered key was in flight (the assertion would drop the rest of
-        that batch's answers, leaving their keys waiting forever)."""
+        """vLLM's ``mark_miss``, for answered keys only: a key whose lookup is waiting for its batch or still out
+        keeps its phase, since vLLM's ``flush`` and ``drain_results`` assert it (the assertion would drop the
+        rest of that batch, leaving its keys waiting until the deadline); its answer comes on its own."""
         from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase
 
-        super().mark_miss([k for k in keys if (state := self._lookup_state.get(k)) is None
-                           or state.phase is not LookupPhase.IN_FLIGHT])
+        super().mark_miss([k for k in keys if (state := self._lookup_state.get(k)) is not None
+                           and state.phase is LookupPhase.RESOLVED])
 
 
 class CtxStoreTier(SecondaryTierManager):
@@ -218,10 +237,28 @@ class CtxStoreTier(SecondaryTierManager):
         self._asked: dict[OffloadKey, float] = {}  # key -> when its lookup first said RETRY
         self._req_asked: dict[str, set[OffloadKey]] = {}
         self._lookups = _Lookups(self)
+        self._hash_checked = False
+        self._disabled: str | None = None  # why the tier answers MISS and fails every job
         log.info("ctxstore tier: bucket %s, namespace %s, %d KiB chunks, lookup deadline %g s",
                  self.config.bucket, self._namespace, self.block_size_bytes >> 10, self.config.lookup_deadline)
 
     # ------------------------------------------------------------------------------------------ keys, stats
+
+    def _usable(self) -> bool:
+        """Whether the tier's namespace is vLLM's: checked once vLLM has seeded its block hashes (scheduler
+        thread)."""
+        if not self._hash_checked:
+            try:
+                why = _hash_mismatch(self.keyspace.hash_algo, self.keyspace.seed)
+            except Exception as exc:  # noqa: BLE001  (another vLLM: the namespace stays as configured)
+                why = ""
+                log.warning("ctxstore tier: vLLM's block hash seed not checked: %r", exc)
+            if why is not None:
+                self._hash_checked = True
+                if why:
+                    self._disabled = why
+                    log.error("ctxstore tier: %s", why)
+        return self._disabled is None
 
     def object_key(self, key: OffloadKey) -> str:
         return f"{self._namespace}/{get_offload_block_hash(key).hex()}-{get_offload_group_idx(key)}"
@@ -281,6 +318,8 @@ class CtxStoreTier(SecondaryTierManager):
         return hits
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if not self._usable():
+            return LookupResult.MISS
         try:
             found = self._lookups.lookup(key, req_context)
         except Exception as exc:  # noqa: BLE001  (a miss, never an error in the scheduler)
@@ -327,8 +366,10 @@ class CtxStoreTier(SecondaryTierManager):
 
     def _submit(self, job_id: JobId, job: Any) -> None:
         try:
+            if not self._usable():
+                raise ConfigurationError(self._disabled)
             future = self.client.submit(job)
-        except Exception as exc:  # noqa: BLE001  (the client is closed: the job failed)
+        except Exception as exc:  # noqa: BLE001  (the client is closed, or the tier disabled: the job failed)
             job.close()
             log.warning("ctxstore tier: job %d not started: %r", job_id, exc)
             self._finished.put(JobResult(job_id=job_id, success=False))
@@ -364,6 +405,7 @@ class CtxStoreTier(SecondaryTierManager):
             log.warning("ctxstore tier: store of %d chunks failed: %r", len(keys), exc)
             self._count("store_failed_chunks", len(keys))
         finally:
+            _release(rows)
             self._finished.put(result)
 
     async def _load(self, job_id: JobId, keys: list[OffloadKey], rows: list[memoryview]) -> None:
@@ -376,25 +418,32 @@ class CtxStoreTier(SecondaryTierManager):
             good = [v is not None and len(v) == self.block_size_bytes for v in views]
         except BaseException as exc:  # noqa: BLE001  (whatever happened, those chunks are recomputed)
             log.warning("ctxstore tier: load of %d chunks failed: %r", len(keys), exc)
+        _release(rows)
         loaded = [k for k, ok in zip(keys, good) if ok]
-        failed = [k for k, ok in zip(keys, good) if not ok]
+        failed = [i for i, ok in enumerate(good) if not ok]
         self._count("loaded_chunks", len(loaded))
         self._count("load_failed_chunks", len(failed))
+        self._finished.put(JobResult(
+            job_id=job_id, success=not failed, successful_keys=tuple(loaded) if failed and loaded else None,
+            transfer_time=time.monotonic() - started, transfer_bytes=len(loaded) * self.block_size_bytes))
+        if failed:
+            await self._drop_bad_copies([keys[i] for i in failed], [names[i] for i in failed])
+
+    async def _drop_bad_copies(self, keys: list[OffloadKey], names: list[str]) -> None:
+        """After the job's result: delete the chunks held at another size than a chunk's (a put leaves a live key
+        alone, so the copy vLLM recomputes could not replace them). Chunks that were only slow or unreachable
+        stay: they are good for every other instance."""
         try:
-            if failed:
-                # The stored copy may be bad on its node (a put leaves a live key alone): it goes, so that the
-                # chunk vLLM recomputes replaces it.
-                try:
-                    await asyncio.wait_for(self.client.store.keys_op(
-                        self.config.bucket, "delete", [names[i] for i, ok in enumerate(good) if not ok]),
-                        self.config.call_timeout)
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("ctxstore tier: %d chunks that failed to load not deleted: %r", len(failed), exc)
-                self._event(failed, removed=True)
-        finally:
-            self._finished.put(JobResult(
-                job_id=job_id, success=not failed, successful_keys=tuple(loaded) if failed and loaded else None,
-                transfer_time=time.monotonic() - started, transfer_bytes=len(loaded) * self.block_size_bytes))
+            sizes = await asyncio.wait_for(self.client.store.lookup_keys(self.config.bucket, names),
+                                           self.config.call_timeout)
+            bad = [i for i, size in enumerate(sizes) if size != ABSENT and size != self.block_size_bytes]
+            if bad:
+                await asyncio.wait_for(self.client.store.keys_op(self.config.bucket, "delete",
+                                                                 [names[i] for i in bad]),
+                                       self.config.call_timeout)
+                self._event([keys[i] for i in bad], removed=True)
+        except Exception as exc:  # noqa: BLE001  (the chunk stays a miss for its request; it expires by its TTL)
+            log.warning("ctxstore tier: %d chunks that failed to load not checked: %r", len(keys), exc)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results: list[JobResult] = []
@@ -441,3 +490,16 @@ class CtxStoreTier(SecondaryTierManager):
         self._lookups.shutdown()
         self.drain_jobs()
         self.client.close()
+        if self._rows is not self._primary_kv_view:
+            # vLLM closes the primary tier's shared memory after this: no view of ours may still export it.
+            gc.collect()  # row slices a cancelled call left in reference cycles
+            _release([self._rows])
+
+
+def _release(views: list[memoryview]) -> None:
+    """Let go of views over the primary tier (one still exported elsewhere is left to the garbage collector)."""
+    for view in views:
+        try:
+            view.release()
+        except BufferError:
+            pass
