@@ -3,26 +3,29 @@
 SGLang (tested with 0.5.23) loads it with ``--hicache-storage-backend dynamic`` and an extra config naming this
 module and class (docs/integrations.md, "SGLang HiCache"), constructs it as ``cls(storage_config, kwargs)``,
 hands it the host memory pool (``register_mem_pool_host``) and then calls it from its cache controller's
-threads, at most 128 pages (``STORAGE_BATCH_SIZE``) a call:
+threads (loads and backups at most 128 pages, ``STORAGE_BATCH_SIZE``, a call; a hit query a request's whole
+chain):
 
 * ``batch_exists(keys)``: one bulk lookup per node, bounded by ``lookup_timeout``; the number of leading pages
   present with the size of a page of this pool.
 * ``batch_get_v1(keys, host_indices)``: one bulk get per node straight into the host pool's page buffers
   (``mem_pool_host.get_page_buffer_meta``: two buffers per page in the page-first layouts, two per layer in
-  the layer-first one), each page arriving whole and verified (XXH3-64) or not at all: a flag per page.
-* ``batch_set_v1(keys, host_indices)``: one bulk put per node of each page's buffers back to back (the object
-  format of SGLang's own ``seaweedfs`` backend, so either backend reads the other's pages), with the TTL.
+  the layer-first one), each page arriving whole and verified (XXH3-64) or not at all: a flag per page. The
+  pages loaded have their TTL restarted (one ``touch``, not waited for).
+* ``batch_set_v1(keys, host_indices)``: one bulk put per node of each page's buffers back to back, with the TTL.
+  The copying interface (``batch_get``/``batch_set`` of flat pages) reads and writes the same object bytes.
 
-Never raises on the data path: SGLang runs these calls on its controller threads, where an exception ends the
-thread. A node that is down, slow, or answers garbage contributes misses (``False``, a shorter prefix) within
-the call's deadline; only construction raises, for a configuration mistake.
+Never raises on the data path: a failure there would cost SGLang the whole batch (or, in the calls it does not
+guard, its thread). A node that is down, slow, or answers garbage contributes misses (``False``, a shorter
+prefix) within the call's deadline; only construction and registration raise, for a configuration mistake.
 
 Keys: SGLang's page keys are already its SHA-256 page chain, new chains seeded with the request's namespace
 (``extra_key``, ``cache_salt``: :func:`ctxstore.hashing.sglang_namespace_seed`), so two tenants' chains never
 share a key. Each object key is ``<fingerprint>/<page key>``, the fingerprint (:class:`~ctxstore.hashing.
-Fingerprint`) holding the model, KV dtype, page size and bytes, layout, TP and PP coordinates (one shared
-coordinate for MLA, whose ranks hold the same KV and of which only SGLang's storage writer stores), and the
-configured ``tenant``: deployments whose pages are not interchangeable never meet.
+Fingerprint`) holding the model, KV dtype (for fp8 caches, which SGLang keeps as bytes, the fp8 format), page
+size, layout, TP, PP and CP coordinates (one shared TP coordinate for MLA, whose ranks hold the same KV and of
+which only SGLang's storage writer stores), and the configured ``tenant``: deployments whose pages are not
+interchangeable never meet (a page of another size under a key is a miss).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from ..buckets import check_bucket
 from ..buffers import Destinations, Scatter, Target, byte_view
 from ..core import AsyncContextStore, Timeouts
 from ..errors import ConfigurationError
@@ -73,13 +77,36 @@ DEFAULTS: dict[str, Any] = {
     "read_timeout": 2.0,
     "lookup_timeout": 1.0,     # batch_exists: past it, the pages not yet known are misses
     "call_timeout": 10.0,      # a batch_get_v1 / batch_set_v1 / clear
+    "kv_cache_dtype": None,    # fp8 caches (SGLang's host pool holds them as uint8): e.g. "fp8_e4m3"; default:
+                               # SGLang's --kv-cache-dtype, where its server arguments can be read
 }
+# Keys of the extra config that SGLang or its backend factory read (the backend ignores them).
+SGLANG_KEYS = frozenset({"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
+                         "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+                         "hicache_storage_pass_prefix_keys"})
 
 
 def _settings(extra: dict[str, Any] | None) -> dict[str, Any]:
     extra = dict(extra or {})
+    unknown = sorted(set(extra) - set(DEFAULTS) - SGLANG_KEYS)
+    if unknown:  # a typo would otherwise fall back to the default without a word
+        log.warning("ctxstore HiCache backend: unknown extra-config keys ignored: %s", ", ".join(unknown))
+    if not extra.get("interface_v1"):
+        log.warning("ctxstore HiCache backend: without \"interface_v1\": 1 in the extra config SGLang uses the "
+                    "copying interface (each page copied once more); add it for the zero-copy one")
     return {name: extra.get(name, default) if extra.get(name) is not None else default
             for name, default in DEFAULTS.items()}
+
+
+def _server_kv_cache_dtype() -> str | None:
+    """SGLang's ``--kv-cache-dtype`` where this process runs SGLang's server (None elsewhere)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        value = getattr(get_server_args(), "kv_cache_dtype", None)
+    except Exception:  # noqa: BLE001  (not inside a server, or another SGLang)
+        return None
+    return str(value) if value else None
 
 
 def _page_views(pointers: Sequence[int], sizes: Sequence[int]) -> list[memoryview]:
@@ -93,13 +120,17 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None) -> None:
         self.storage_config = storage_config
         cfg = _settings(storage_config.extra_config)
-        self.bucket = str(cfg["bucket"])
-        self.ttl = float(cfg["ttl"]) if cfg["ttl"] else None
+        if not storage_config.model_name:
+            raise ConfigurationError("the ctxstore HiCache backend needs SGLang's model name (--served-model-name): "
+                                     "it keeps one model's pages apart from another's")
+        self.bucket = check_bucket(str(cfg["bucket"]))
+        self.ttl = None if cfg["ttl"] is None else _number("ttl", cfg["ttl"])
         self.tenant = str(cfg["tenant"])
-        self.lookup_timeout = float(cfg["lookup_timeout"])
-        self.call_timeout = float(cfg["call_timeout"])
-        timeouts = Timeouts(connect=float(cfg["connect_timeout"]), read=float(cfg["read_timeout"]),
-                            total=self.call_timeout)
+        self.lookup_timeout = _number("lookup_timeout", cfg["lookup_timeout"])
+        self.call_timeout = _number("call_timeout", cfg["call_timeout"])
+        self.kv_cache_dtype = cfg["kv_cache_dtype"]
+        timeouts = Timeouts(connect=_number("connect_timeout", cfg["connect_timeout"]),
+                            read=_number("read_timeout", cfg["read_timeout"]), total=self.call_timeout)
         nodes = cfg["nodes"] or os.environ.get("CTXSTORE_NODES")
         if not nodes:
             raise ConfigurationError("the ctxstore HiCache backend needs \"nodes\" in its extra config "
@@ -114,9 +145,13 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         self._stored: OrderedDict[str, None] = OrderedDict()
         self.prefix = ""
         self.page_bytes = 0
+        # Object-ordered pieces of a flat page (the copying interface), where they differ from the flat order.
+        self._flat_order: list[int] | None = None
+        self._side_pools: set[str] = set()  # hybrid models' pools besides the KV pool (not stored)
         self.counters: dict[str, float] = dict.fromkeys(
             ("lookups", "lookup_pages", "hit_pages", "get_pages", "got_pages", "set_pages", "stored_pages",
              "failed_calls", "timeouts", "bytes_in", "bytes_out"), 0)
+        self._stats_lock = threading.Lock()
         self._prefetch_pgs: list[int] = []
         self._backup_pgs: list[int] = []
         self._prefetch_bandwidth: list[float] = []
@@ -132,7 +167,15 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         self.fingerprint = self._fingerprint(mem_pool_host)
         self.prefix = self.fingerprint.hexdigest()
         pointers, sizes = mem_pool_host.get_page_buffer_meta(_first_page(mem_pool_host))
-        self.page_bytes = sum(sizes) if not isinstance(sizes, int) else sizes * len(pointers)
+        sizes = [sizes] * len(pointers) if isinstance(sizes, int) else list(sizes)
+        self.page_bytes = sum(sizes)
+        layers = int(getattr(mem_pool_host, "layer_num", 0) or 0)
+        if mem_pool_host.layout == "layer_first" and len(pointers) == 2 * layers > 2 and len(set(sizes)) == 1:
+            # An MHA layer-first pool's flat page (get_data_page) is every layer's K, then every layer's V; its
+            # page buffers, and so an object, are each layer's K and V in turn.
+            self._flat_order = [piece for layer in range(layers) for piece in (layer, layers + layer)]
+        else:  # the flat page is the buffers back to back (page-first layouts, MLA)
+            self._flat_order = None
         log.info("ctxstore HiCache backend: bucket %s, namespace %s, %d-byte pages (%s), writer=%s",
                  self.bucket, self.prefix, self.page_bytes, mem_pool_host.layout, self.writer)
 
@@ -144,12 +187,38 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
             extra["cp"] = f"{c.attn_cp_rank}/{c.attn_cp_size}"
         if getattr(c, "dcp_size", 1) > 1:
             extra["dcp"] = f"{c.dcp_rank}/{c.dcp_size}/page{c.logical_page_size}"
+        kv_dtype = str(pool.dtype).removeprefix("torch.")
+        if kv_dtype in ("uint8", "int8"):
+            # SGLang keeps fp8 KV (e4m3 or e5m2: same size, other numbers) as bytes: the format must be named.
+            fp8 = self.kv_cache_dtype or _server_kv_cache_dtype()
+            if not fp8:
+                raise ConfigurationError(
+                    f"the host pool holds {kv_dtype} KV: set \"kv_cache_dtype\" (SGLang's --kv-cache-dtype, "
+                    "e.g. \"fp8_e4m3\") in the ctxstore backend's extra config, so pages of other fp8 formats "
+                    "are never read as this one")
+            kv_dtype = f"{kv_dtype}:{fp8}"
         return Fingerprint(
-            model=c.model_name or "unnamed", kv_dtype=str(pool.dtype).removeprefix("torch."),
+            model=c.model_name, kv_dtype=kv_dtype,
             kv_layout=str(pool.layout), block_size=int(pool.page_size),
             # MLA ranks hold the same latent KV: one shared coordinate (SGLang lets only its writer rank store).
             tp_rank=0 if mla else c.tp_rank, tp_size=1 if mla else c.tp_size,
             pp_rank=c.pp_rank, pp_size=c.pp_size, tenant_salt=self.tenant, extra=extra)
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        """Hybrid models' pools (Mamba, SWA, indexer, draft...): noted, not stored (see :meth:`batch_exists_v2`)."""
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)
+        name = str(host_pool_name)
+        if name != "kv" and name not in self._side_pools:
+            self._side_pools.add(name)
+            log.warning("ctxstore HiCache backend: SGLang's %s pool is not stored; this model gets no L3 hits "
+                        "and its pages are not backed up", name)
+
+    def on_host_pools_registered(self) -> None:
+        """Refuse a model that needs side pools in L3: SGLang would back up its KV for hits that never come."""
+        if self._side_pools:
+            raise ConfigurationError(
+                "the ctxstore HiCache backend stores KV pages only, and this model also needs SGLang's "
+                f"{', '.join(sorted(self._side_pools))} pool(s) in L3: run it without --hicache-storage-backend")
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}"
@@ -206,7 +275,7 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------------ lookups
 
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
-        if not keys or not self.prefix:
+        if not keys or not self.prefix or self._side_pools:
             return 0
         self.counters["lookups"] += 1
         self.counters["lookup_pages"] += len(keys)
@@ -240,7 +309,21 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
                         self.call_timeout, missing)
         ok = [v is not None and len(v) == self.page_bytes for v in got]
         self._account(self._prefetch_pgs, self._prefetch_bandwidth, "got_pages", "bytes_in", sum(ok), start)
+        self._touch([self._key(k) for k, loaded in zip(keys, ok) if loaded])
         return ok
+
+    def _touch(self, names: list[str]) -> None:
+        """Restart the TTL of pages just loaded (a page in use lives on), without waiting: a failure costs only
+        that they expire on time."""
+        if not names:
+            return
+        bounded = asyncio.wait_for(self.store.keys_op(self.bucket, "touch", names, ttl=self.ttl), self.call_timeout)
+        try:
+            future = asyncio.run_coroutine_threadsafe(bounded, self._loop.loop)
+        except Exception:  # noqa: BLE001  (closed)
+            bounded.close()
+            return
+        future.add_done_callback(_log_touch_failure)
 
     def batch_set_v1(self, keys: list[str], host_indices: Any,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
@@ -248,7 +331,7 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
             return []
         if not self.writer:  # an MLA replica: the writer rank stores the pages all ranks share
             return [True] * len(keys)
-        if not self.prefix:
+        if not self.prefix or self._side_pools:
             return [False] * len(keys)
         pages = self._pages(len(keys), host_indices)
         if pages is None:
@@ -283,9 +366,10 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         nbytes = n * self.page_bytes
         self.counters[counter] += n
         self.counters[bytes_counter] += nbytes
-        if len(pages) < 10_000:  # drained by get_stats; bounded when nobody asks
-            pages.append(n)
-            bandwidth.append(nbytes / seconds / 1e9 if seconds > 0 else 0.0)
+        with self._stats_lock:
+            if len(pages) < 10_000:  # drained by get_stats; bounded when nobody asks
+                pages.append(n)
+                bandwidth.append(nbytes / seconds / 1e9 if seconds > 0 else 0.0)
 
     # ------------------------------------------------------------------ the generic (copying) interface
 
@@ -294,18 +378,27 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
 
     def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> list[Any]:
         """Pages into the given flat tensors (SGLang's ``get_dummy_flat_data_page()``), None where missing."""
-        if not keys or not self.prefix or target_locations is None:
+        if not keys or not self.prefix or target_locations is None or self._side_pools:
             return [None] * len(keys)
         try:
             views = [byte_view(t, writable=True) for t in target_locations]
+            order = self._flat_order
+            destinations = Destinations([Scatter(self._flat_pieces(v, order)) if order else v for v in views],
+                                        len(keys))
         except Exception as exc:  # noqa: BLE001
             log.warning("ctxstore HiCache: unusable targets: %s", exc)
             return [None] * len(keys)
         missing: list[Target | None] = [None] * len(keys)
-        got = self._run(self.store.get_keys(self.bucket, [self._key(k) for k in keys],
-                                            Destinations(views, len(keys))), self.call_timeout, missing)
-        return [t if v is not None and len(v) == len(view) else None
-                for t, v, view in zip(target_locations, got, views)]
+        got = self._run(self.store.get_keys(self.bucket, [self._key(k) for k in keys], destinations),
+                        self.call_timeout, missing)
+        ok = [v is not None and len(v) == len(view) == self.page_bytes for v, view in zip(got, views)]
+        self._touch([self._key(k) for k, loaded in zip(keys, ok) if loaded])
+        return [t if loaded else None for t, loaded in zip(target_locations, ok)]
+
+    def _flat_pieces(self, flat: memoryview, order: list[int]) -> list[memoryview]:
+        """A flat page's pieces in object order (``order``: which equal piece of the flat page comes next)."""
+        size = len(flat) // len(order)
+        return [flat[i * size:(i + 1) * size] for i in order]
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
         return self.batch_set([key], [value if value is not None else target_location])
@@ -313,12 +406,14 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         pages = values if values is not None else target_locations
-        if not keys or not self.prefix or pages is None:
+        if not keys or not self.prefix or pages is None or self._side_pools:
             return False
         if not self.writer:
             return True
         try:
             blocks = [byte_view(p.contiguous() if hasattr(p, "contiguous") else p) for p in pages]
+            if self._flat_order:
+                blocks = [memoryview(b"".join(self._flat_pieces(b, self._flat_order))) for b in blocks]
         except Exception as exc:  # noqa: BLE001
             log.warning("ctxstore HiCache: unusable pages: %s", exc)
             return False
@@ -352,6 +447,7 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
             names, self._stored = list(self._stored), OrderedDict()
         if not names:
             return True
+        # A page a failed delete leaves behind expires by its TTL (or is evicted), as one this process forgot.
         deleted = self._run(self.store.keys_op(self.bucket, "delete", names), self.call_timeout, -1)
         return deleted >= 0
 
@@ -363,17 +459,35 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         except Exception:  # noqa: BLE001
             return None
         metrics = StorageMetrics()
-        for mine, theirs in ((self._prefetch_pgs, metrics.prefetch_pgs), (self._backup_pgs, metrics.backup_pgs),
-                             (self._prefetch_bandwidth, metrics.prefetch_bandwidth),
-                             (self._backup_bandwidth, metrics.backup_bandwidth)):
-            theirs.extend(mine)
-            mine.clear()
+        with self._stats_lock:
+            for mine, theirs in ((self._prefetch_pgs, metrics.prefetch_pgs), (self._backup_pgs, metrics.backup_pgs),
+                                 (self._prefetch_bandwidth, metrics.prefetch_bandwidth),
+                                 (self._backup_bandwidth, metrics.backup_bandwidth)):
+                theirs.extend(mine)
+                mine.clear()
         return metrics
 
     def close(self) -> None:
         if self._loop.started:
             self._run(self.store.aclose(), self.call_timeout, None)
         self._loop.stop()
+
+
+def _number(name: str, value: Any) -> float:
+    """A setting that must be a positive number of seconds (0, negative or not a number: ConfigurationError)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not 0 < number < float("inf"):
+        raise ConfigurationError(f"the ctxstore HiCache backend's \"{name}\" must be a positive number of "
+                                 f"seconds, not {value!r}")
+    return number
+
+
+def _log_touch_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.debug("ctxstore HiCache: TTL refresh of loaded pages failed: %s", future.exception())
 
 
 def _first_page(pool: Any) -> Any:

@@ -105,6 +105,101 @@ def test_pages_round_trip_byte_exact(node: Node, layout: str) -> None:
         reader.close()
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_copying_and_zero_copy_interfaces_read_each_others_pages(node: Node, layout: str) -> None:
+    """SGLang without ``interface_v1`` hands ``batch_set``/``batch_get`` flat pages (``get_data_page``); in the
+    layer-first layout their order (every layer's K, then every V) is not the page buffers' (K and V per layer)."""
+    import torch
+
+    src, dst = sglang_cpu.HostPool(layout), sglang_cpu.HostPool(layout)
+    src.fill_random(9)
+    store, reader = backend(addr(node), src), backend(addr(node), dst)
+    try:
+        copied, zero_copied = keys(4, salt=f"copying-{layout}"), keys(4, salt=f"zero-copy-{layout}")
+        flat = [src.get_data_page(i * PAGE) for i in range(4)]
+        assert store.batch_set(copied, flat) is True
+        assert reader.batch_get_v1(copied, dst.indices(0, 4)) == [True] * 4
+        assert dst.page_bytes(dst.indices(0, 4)) == src.page_bytes(src.indices(0, 4))
+        assert store.batch_set_v1(zero_copied, src.indices(0, 4)) == [True] * 4
+        targets = [dst.get_dummy_flat_data_page() for _ in range(4)]
+        got = reader.batch_get(zero_copied, targets)
+        assert all(g is t for g, t in zip(got, targets))
+        assert all(torch.equal(t.view(torch.int16), f.view(torch.int16)) for t, f in zip(targets, flat))  # bits
+        assert reader.batch_get(zero_copied, targets[:2]) == [None] * 4  # a target short: misses, no exception
+    finally:
+        store.close()
+        reader.close()
+
+
+def test_fp8_pools_keep_their_formats_apart(node: Node) -> None:
+    """SGLang's host pool holds fp8 KV as uint8 whatever the format: the backend needs the format named."""
+    import torch
+
+    from ctxstore.errors import ConfigurationError
+
+    pool = sglang_cpu.HostPool("page_first", dtype=torch.uint8)
+    with pytest.raises(ConfigurationError, match="kv_cache_dtype"):
+        backend(addr(node), pool)
+    e4m3, again, e5m2 = (backend(addr(node), pool, extra={"kv_cache_dtype": fmt})
+                         for fmt in ("fp8_e4m3", "fp8_e4m3", "fp8_e5m2"))
+    try:
+        ks = keys(4, salt="fp8")
+        assert e4m3.batch_set_v1(ks, pool.indices(0, 4)) == [True] * 4
+        assert again.batch_exists(ks) == 4 and e5m2.batch_exists(ks) == 0
+    finally:
+        for store in (e4m3, again, e5m2):
+            store.close()
+
+
+@pytest.mark.parametrize("setting", [{"ttl": 0}, {"ttl": -5}, {"lookup_timeout": 0}, {"call_timeout": "soon"},
+                                     {"bucket": "Bad_Bucket!"}, {"model": None}])
+def test_configuration_mistakes_are_refused_at_start(node: Node, setting: dict[str, Any]) -> None:
+    from ctxstore.errors import ConfigurationError
+
+    extra_settings = {k: v for k, v in setting.items() if k != "model"}
+    config = sglang_cpu.storage_config(extra(addr(node), **extra_settings), model=setting.get("model", "m"))
+    with pytest.raises(ConfigurationError):
+        StorageBackendFactory.create_backend("dynamic", config, sglang_cpu.HostPool("page_first"))
+
+
+def test_unknown_settings_and_the_copying_interface_are_warned_about(node: Node,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    pool = sglang_cpu.HostPool("page_first")
+    config = sglang_cpu.storage_config({**extra(addr(node), lookup_timout=2.0), "interface_v1": 0})
+    with caplog.at_level("WARNING", logger="ctxstore.sglang"):
+        StorageBackendFactory.create_backend("dynamic", config, pool).close()
+    assert "lookup_timout" in caplog.text and "interface_v1" in caplog.text
+
+
+def test_loaded_pages_live_on(node: Node) -> None:
+    """A page in use has its TTL restarted by each load (SGLang backs a page up once)."""
+    import boto3
+
+    pool = sglang_cpu.HostPool("page_first")
+    pool.fill_random(10)
+    store = backend(addr(node), pool, extra={"ttl": 600})
+    s3 = boto3.client("s3", endpoint_url=node.endpoint, aws_access_key_id=ACCESS_KEY,
+                      aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+
+    def expires_at(key: str) -> float:
+        head = s3.head_object(Bucket=store.bucket, Key=store._key(key))
+        return float(head["ResponseMetadata"]["HTTPHeaders"]["x-ctx-expires-at"])
+
+    try:
+        ks = keys(2, salt="live-on")
+        assert store.batch_set_v1(ks, pool.indices(0, 2)) == [True] * 2
+        stored = [expires_at(k) for k in ks]
+        time.sleep(1.1)
+        assert store.batch_get_v1(ks[:1], pool.indices(10, 1)) == [True]
+        deadline = time.monotonic() + 5
+        while expires_at(ks[0]) <= stored[0] and time.monotonic() < deadline:  # the touch is not waited for
+            time.sleep(0.05)
+        assert expires_at(ks[0]) >= stored[0] + 1.0
+        assert expires_at(ks[1]) == stored[1]  # not loaded: its TTL runs on
+    finally:
+        store.close()
+
+
 def test_layouts_and_models_do_not_share_pages(node: Node) -> None:
     pool = sglang_cpu.HostPool("page_first")
     pool.fill_random(2)
@@ -272,12 +367,34 @@ def test_hybrid_models_miss_instead_of_raising(node: Node) -> None:
     store = backend(addr(node), pool)
     try:
         ks = keys(4, salt="hybrid")
+        store.register_mem_host_pool_v2(pool, PoolName.KV)  # SGLang registers the KV pool this way too
+        store.on_host_pools_registered()
         assert store.batch_set_v1(ks, pool.indices(0, 4)) == [True] * 4
         assert store.batch_exists_v2(ks).kv_hit_pages == 4
         mamba = PoolTransfer(name=PoolName.MAMBA, keys=ks[-1:], host_indices=pool.indices(0, 1))
         assert store.batch_exists_v2(ks, [mamba]).kv_hit_pages == 0
         assert store.batch_get_v2([mamba]) == {"mamba": [False]}
         assert store.batch_set_v2([mamba]) == {"mamba": [False]}
+        # A side pool registered later (SGLang's dynamic sidecars): no more hits, nothing more backed up.
+        store.register_mem_host_pool_v2(pool, PoolName.DRAFT)
+        assert store.batch_exists(ks) == 0 and store.batch_set_v1(ks, pool.indices(0, 4)) == [False] * 4
+    finally:
+        store.close()
+
+
+def test_a_model_with_side_pools_is_refused_at_attach(node: Node) -> None:
+    """SGLang would back up such a model's KV for L3 hits that can never come (every hit needs its side pools)."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    from ctxstore.errors import ConfigurationError
+
+    pool = sglang_cpu.HostPool("page_first")
+    store = backend(addr(node), pool)
+    try:
+        for name in (PoolName.KV, PoolName.MAMBA):
+            store.register_mem_host_pool_v2(pool, name)
+        with pytest.raises(ConfigurationError, match="mamba"):
+            store.on_host_pools_registered()  # SGLang: "raising fails the attach"
     finally:
         store.close()
 

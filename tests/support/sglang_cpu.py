@@ -59,6 +59,7 @@ def sglang_function(relative: str, name: str, cls: str | None = None, namespace:
 
 
 _page_buffer_meta = None
+_flat_page: dict[str, Any] = {}
 
 
 class HostPool:
@@ -87,6 +88,23 @@ class HostPool:
 
     def get_page_buffer_meta(self, indices: Any) -> tuple[list[int], list[int]]:
         return _page_buffer_meta(self, indices)  # type: ignore[misc]
+
+    # The copying interface's flat pages, SGLang's own methods (what its controller hands batch_set/batch_get).
+    def get_data_page(self, index: int, flat: bool = True) -> Any:
+        return self._sglang("get_data_page")(self, index, flat)
+
+    def get_dummy_flat_data_page(self) -> Any:
+        self.device, self.pin_memory = "cpu", False
+        return self._sglang("get_dummy_flat_data_page")(self)
+
+    @staticmethod
+    def _sglang(name: str) -> Any:
+        if name not in _flat_page:
+            import torch
+
+            _flat_page[name] = sglang_function("srt/mem_cache/pool_host/mha.py", name, "MHATokenToKVPoolHost",
+                                               namespace={"torch": torch})
+        return _flat_page[name]
 
     def fill_random(self, seed: int) -> None:
         import torch
