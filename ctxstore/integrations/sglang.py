@@ -64,6 +64,8 @@ CANCEL_GRACE = 2.0
 # The most pages clear() remembers to delete (~200 B each): past it the oldest are forgotten, left to their TTL
 # and to eviction, so a long-running writer's memory stays bounded.
 MAX_TRACKED_PAGES = 1 << 18
+#: TTL refreshes of loaded pages in flight at most (past it a load's refresh is skipped: a slow pod gets no backlog).
+MAX_TOUCHES = 8
 
 #: Settings read from ``--hicache-storage-backend-extra-config`` (every other key is SGLang's or the factory's).
 DEFAULTS: dict[str, Any] = {
@@ -148,6 +150,7 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         # Object-ordered pieces of a flat page (the copying interface), where they differ from the flat order.
         self._flat_order: list[int] | None = None
         self._side_pools: set[str] = set()  # hybrid models' pools besides the KV pool (not stored)
+        self._touches: set[asyncio.Task[None]] = set()  # TTL refreshes in flight (the loop's thread)
         self.counters: dict[str, float] = dict.fromkeys(
             ("lookups", "lookup_pages", "hit_pages", "get_pages", "got_pages", "set_pages", "stored_pages",
              "failed_calls", "timeouts", "bytes_in", "bytes_out"), 0)
@@ -313,17 +316,26 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         return ok
 
     def _touch(self, names: list[str]) -> None:
-        """Restart the TTL of pages just loaded (a page in use lives on), without waiting: a failure costs only
-        that they expire on time."""
-        if not names:
+        """Restart the TTL of pages just loaded (a page in use lives on), without waiting: a failure, or a touch
+        skipped while :data:`MAX_TOUCHES` are out, costs only that they expire on time."""
+        if not names or len(self._touches) >= MAX_TOUCHES:
             return
-        bounded = asyncio.wait_for(self.store.keys_op(self.bucket, "touch", names, ttl=self.ttl), self.call_timeout)
+        coro = self._touch_pages(names)
         try:
-            future = asyncio.run_coroutine_threadsafe(bounded, self._loop.loop)
+            asyncio.run_coroutine_threadsafe(coro, self._loop.loop)
         except Exception:  # noqa: BLE001  (closed)
-            bounded.close()
-            return
-        future.add_done_callback(_log_touch_failure)
+            coro.close()
+
+    async def _touch_pages(self, names: list[str]) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._touches.add(task)  # close() ends them before it closes the client
+        try:
+            await asyncio.wait_for(self.store.keys_op(self.bucket, "touch", names, ttl=self.ttl), self.call_timeout)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("ctxstore HiCache: TTL refresh of %d loaded pages failed: %r", len(names), exc)
+        finally:
+            self._touches.discard(task)
 
     def batch_set_v1(self, keys: list[str], host_indices: Any,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
@@ -469,8 +481,15 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         if self._loop.started:
-            self._run(self.store.aclose(), self.call_timeout, None)
+            self._run(self._aclose(), self.call_timeout, None)
         self._loop.stop()
+
+    async def _aclose(self) -> None:
+        touches = list(self._touches)
+        for task in touches:
+            task.cancel()
+        await asyncio.gather(*touches, return_exceptions=True)
+        await self.store.aclose()
 
 
 def _number(name: str, value: Any) -> float:
@@ -483,11 +502,6 @@ def _number(name: str, value: Any) -> float:
         raise ConfigurationError(f"the ctxstore HiCache backend's \"{name}\" must be a positive number of "
                                  f"seconds, not {value!r}")
     return number
-
-
-def _log_touch_failure(future: Any) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.debug("ctxstore HiCache: TTL refresh of loaded pages failed: %s", future.exception())
 
 
 def _first_page(pool: Any) -> Any:
