@@ -403,11 +403,17 @@ class AsyncContextStore:
 
         await asyncio.gather(*(ask(n) for n in unknown))
 
-    async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
+    async def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0,
+                          sizes: list[int] | None = None) -> list[int]:
         """Size of each key's block (``wire.ABSENT`` where missing or its node failed); ``pin``: keep every
-        present block from eviction for that many seconds (a restore is about to follow)."""
+        present block from eviction for that many seconds (a restore is about to follow). ``sizes``: the list to
+        fill and return (``len(keys)`` long, ``ABSENT`` throughout); each node's answer lands in it as it comes,
+        so a caller that stops waiting at its own deadline keeps the answers of the nodes that were in time."""
         check_bucket(bucket)
-        sizes = [wire.ABSENT] * len(keys)
+        if sizes is None:
+            sizes = [wire.ABSENT] * len(keys)
+        elif len(sizes) != len(keys):
+            raise ConfigurationError(f"sizes has {len(sizes)} slots for {len(keys)} keys")
 
         def place(idx: list[int], result: wire.LookupResponse) -> None:
             if len(idx) == len(keys):  # one node holds them all: its answer is in key order already

@@ -45,8 +45,9 @@ class ContextStore:
     def create_bucket(self, bucket: str) -> None:
         self._loop.run(self._async.create_bucket(bucket))
 
-    def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[int]:
-        return self._loop.run(self._async.lookup_keys(bucket, keys, pin=pin))
+    def lookup_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0,
+                    sizes: list[int] | None = None) -> list[int]:
+        return self._loop.run(self._async.lookup_keys(bucket, keys, pin=pin, sizes=sizes))
 
     def locate_keys(self, bucket: str, keys: Sequence[str], *, pin: float = 0.0) -> list[tuple[int, str] | None]:
         return self._loop.run(self._async.locate_keys(bucket, keys, pin=pin))

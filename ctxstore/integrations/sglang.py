@@ -6,8 +6,8 @@ hands it the host memory pool (``register_mem_pool_host``) and then calls it fro
 threads (loads and backups at most 128 pages, ``STORAGE_BATCH_SIZE``, a call; a hit query a request's whole
 chain):
 
-* ``batch_exists(keys)``: one bulk lookup per node, bounded by ``lookup_timeout``; the number of leading pages
-  present with the size of a page of this pool.
+* ``batch_exists(keys)``: one bulk lookup per node, bounded by ``lookup_timeout`` (the pages of a node that has
+  not answered by then are misses); the number of leading pages present with the size of a page of this pool.
 * ``batch_get_v1(keys, host_indices)``: one bulk get per node straight into the host pool's page buffers
   (``mem_pool_host.get_page_buffer_meta``: two buffers per page in the page-first layouts, two per layer in
   the layer-first one), each page arriving whole and verified (XXH3-64) or not at all: a flag per page. The
@@ -283,7 +283,8 @@ class CtxStoreHiCacheStorage(HiCacheStorage):
         self.counters["lookups"] += 1
         self.counters["lookup_pages"] += len(keys)
         names = [self._key(k) for k in keys]
-        sizes = self._run(self.store.lookup_keys(self.bucket, names), self.lookup_timeout, [ABSENT] * len(keys))
+        sizes = [ABSENT] * len(keys)  # past the deadline the nodes that answered in time still count
+        self._run(self.store.lookup_keys(self.bucket, names, sizes=sizes), self.lookup_timeout, sizes)
         n = prefix_length([s if s == self.page_bytes else ABSENT for s in sizes])
         self.counters["hit_pages"] += n
         return n

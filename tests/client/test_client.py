@@ -292,6 +292,18 @@ def test_lookup_keys_can_pin_what_it_finds(store: ContextStore, ns: Namespace) -
     assert store.keys_op(ns.bucket, "unpin", keys) == 4
 
 
+def test_lookup_keys_fills_the_callers_list(store: ContextStore, ns: Namespace) -> None:
+    # An async caller that stops waiting at its own deadline keeps, in that list, what the nodes in time answered.
+    tokens = tokens_for(3, seed=11)
+    assert ns.save(tokens, blocks_for(3, seed=11)).stored == 3
+    keys = [*ns.block_hashes(tokens), "absent-key"]
+    sizes = [wire.ABSENT] * len(keys)
+    assert store.lookup_keys(ns.bucket, keys, sizes=sizes) is sizes
+    assert sizes == [BLOCK] * 3 + [wire.ABSENT]
+    with pytest.raises(ConfigurationError, match="3 slots for 4 keys"):
+        store.lookup_keys(ns.bucket, keys, sizes=[wire.ABSENT] * 3)
+
+
 def test_park_saves_with_its_ttl(pod: list[Node], ns: Namespace) -> None:
     tokens = tokens_for(4, seed=10, extra=9)
     blocks = blocks_for(4, seed=10)

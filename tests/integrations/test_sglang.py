@@ -343,6 +343,35 @@ def test_a_node_killed_mid_batch_gives_misses_in_bounded_time(tmp_path: Path) ->
             n.stop()
 
 
+def test_a_hung_node_costs_only_its_own_pages(tmp_path: Path) -> None:
+    """At the lookup deadline the pages of the nodes that answered count: a hung node does not empty the prefix."""
+    import os
+    import signal
+
+    nodes = [start_node(tmp_path, "--memory", "128MiB") for _ in range(2)]
+    hung = nodes[1]
+    pool = sglang_cpu.HostPool("page_first")
+    store = backend(",".join(map(addr, nodes)), pool,
+                    extra={"connect_timeout": 0.3, "read_timeout": 5.0, "lookup_timeout": 0.5})
+    try:
+        ks = keys(32, salt="hung")
+        assert store.batch_set_v1(ks, pool.indices(0, 32)) == [True] * 32
+        owners = store.store.pod.group([store._key(k) for k in ks])
+        on_hung = {i for node, idx in owners.items() if node.port == hung.port for i in idx}
+        healthy = [k for i, k in enumerate(ks) if i not in on_hung]
+        assert healthy and on_hung  # 32 pages over 2 nodes: P(all on one) = 2**-31
+        os.kill(hung.proc.pid, signal.SIGSTOP)
+        try:
+            # A chain of the other node's pages, then one of the hung node's.
+            assert store.batch_exists(healthy + [ks[min(on_hung)]]) == len(healthy)
+        finally:
+            os.kill(hung.proc.pid, signal.SIGCONT)
+    finally:
+        store.close()
+        for n in nodes:
+            n.stop()
+
+
 def test_nothing_raises_when_the_pod_is_unreachable() -> None:
     pool = sglang_cpu.HostPool("layer_first")
     store = backend("127.0.0.1:9", pool, extra={"connect_timeout": 0.2, "call_timeout": 1.0, "lookup_timeout": 0.5})

@@ -226,8 +226,12 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         answers, took, steps = resolve(c, fresh[:16], req4, also=(fresh[16:], req4b))
         # Asked again while its batch is still out: a MISS at once, not a new wait.
         again = [c.lookup(k, req4b).name for k in fresh[16:]]
+        hung_port = int(nodes.split(",")[-1].rsplit(":", 1)[1])
+        owners = c.client.store.pod.group([c.object_key(k) for k in fresh])  # type: ignore[attr-defined]
+        on_hung = {i for node, idx in owners.items() if node.port == hung_port for i in idx}
         report["hang_lookup"] = {"answers": sorted(set(answers)), "seconds": took, "steps": steps,
-                                 "deadline": 0.3, "asked_again": sorted(set(again))}
+                                 "deadline": 0.3, "asked_again": sorted(set(again)),
+                                 "hung_node_answers": sorted({answers[i] for i in on_hung})}
         # A load of keys whose lookups are still out (their batch waits behind the hung one): the failed
         # chunks' mark_miss must leave those lookups to their own answers.
         c.submit_load(job(8, fresh[:16], list(range(16)), req4, load=True))
@@ -257,7 +261,6 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         # The scheduler steps meanwhile, as vLLM's does: each step drains the lookup answers that came back
         # (those of the batches given up at the deadline too; left undrained, vLLM would hand such a stale
         # MISS to the next request asking for the same keys).
-        hung_port = int(nodes.split(",")[-1].rsplit(":", 1)[1])
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(
                 any(n.up == (n.port == hung_port) for n in tier.client.store.pod.nodes) for tier in (c, d)):
@@ -271,6 +274,7 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
                 "nodes": [(n.port, n.up, n.last_error) for n in tier.client.store.pod.nodes],
                 "waited": round(time.monotonic() - deadline + 10, 2)}
         report["hang_node_down_lookups_only_lookup"]["first"] = sorted(set(d_first))
+        report["hang_node_down_lookups_only_lookup"]["first_on_hung_node"] = sorted({d_first[i] for i in on_hung})
     finally:
         os.kill(hang_pid, signal.SIGCONT)
     # The load that failed on the hung node deleted nothing: its chunks are good for every other instance.

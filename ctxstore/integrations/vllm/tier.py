@@ -13,8 +13,9 @@ vLLM keeps offloaded chunks in a CPU primary tier and cascades them to secondary
 * ``lookup`` answers from batched lookups (vLLM's ``AsyncLookupManager``: the step's keys are flushed in
   ``on_schedule_end`` as one bulk ``lookup`` per node and request, on the manager's thread). Until the answer is in it says
   RETRY — for at most ``lookup_deadline`` seconds from the key's first lookup, after which the answer is MISS (the
-  lookup thread stops waiting for the batch at that deadline too; the call runs on to the read timeout, which
-  marks a hung node down): a slow or hung node costs a recompute, never a stalled request.
+  lookup thread stops waiting for the batch at that deadline too, keeping the answers of the nodes that were in
+  time; the call runs on to the read timeout, which marks a hung node down): a slow or hung node costs a
+  recompute of its chunks, never a stalled request.
 * ``submit_store`` / ``submit_load`` hand a ``TransferJob`` to the client's event loop: one bulk ``put`` / ``get``
   per node between the job's primary-tier rows (``primary_kv_view``, no copy) and the pod. ``get_finished_jobs``
   reports each job once it ended: ``JobResult(success=False)`` for any chunk that was not stored, or did not come
@@ -298,19 +299,21 @@ class CtxStoreTier(SecondaryTierManager):
     # ------------------------------------------------------------------------------------------ lookups
 
     def _batch_lookup(self, keys: list[OffloadKey]) -> list[bool]:
-        """On the lookup manager's thread: one bulk lookup per node, given up (all misses) at the lookup deadline.
-        A call given up is left to end on the client's loop: a node that does not answer within the read timeout
-        is marked down there, and later lookups leave its keys out (misses) while the others answer."""
+        """On the lookup manager's thread: one bulk lookup per node, waited for until the lookup deadline; the
+        keys of a node that has not answered by then are misses (the others' answers count). A call given up is
+        left to end on the client's loop: a node that does not answer within the read timeout is marked down
+        there, and later lookups leave its keys out (misses) at once."""
         started = time.monotonic()
         names = [self.object_key(k) for k in keys]
-        future = self.client.submit(self.client.store.lookup_keys(self.config.bucket, names))
+        sizes = [ABSENT] * len(keys)  # each node's answer lands here as it comes
+        future = self.client.submit(self.client.store.lookup_keys(self.config.bucket, names, sizes=sizes))
         try:
-            sizes = future.result(self.config.lookup_deadline)
-        except Exception as exc:  # noqa: BLE001  (timeout or failure: misses)
+            future.result(self.config.lookup_deadline)
+        except Exception as exc:  # noqa: BLE001  (timeout or failure: the late or failed nodes' keys miss)
             log.warning("ctxstore tier: lookup of %d keys failed: %r", len(keys), exc)
             self._count("lookup_errors")
-            sizes = []
-        hits = [i < len(sizes) and sizes[i] == self.block_size_bytes for i in range(len(keys))]
+        answered = list(sizes)  # now: a late node's answer is not this batch's
+        hits = [size == self.block_size_bytes for size in answered]
         with self._stats_lock:
             self._lookup_times.append(time.monotonic() - started)
         self._count("lookup_keys", len(keys))
