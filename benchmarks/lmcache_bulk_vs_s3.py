@@ -38,16 +38,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from support.nodes import ACCESS_KEY, SECRET_KEY, make_client, start_node  # noqa: E402
 
+from ctxstore.bench import percentile  # noqa: E402
+
 WORKER = ROOT / "tests" / "integrations" / "lmcache_bulk_worker.py"
 HELPERS = ROOT / "tests" / "integrations" / "lmcache_helpers"  # worker.py: private_hosts
 LAYERS, HEADS, HEAD = 8, 8, 128
 CHUNK = 256  # tokens per LMCache chunk (--chunk-tokens)
 DOMAIN = "localhost"
-
-
-def pctl(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
 
 
 def raw_restore(port: int, bucket: str, keys: list[str], nbytes: int, rounds: int) -> list[float]:
@@ -164,11 +161,11 @@ def main() -> None:
     for name, label in (("s3", "S3 connector (awscrt) on ctxstore's S3 API"), ("bulk", "ctxstore bulk backend")):
         tot = results[name]["total_s"]
         med = statistics.median(tot)
-        print(f"| {label} | {med * 1e3:.1f} | {pctl(tot, 0.99) * 1e3:.1f} | {mib * 2**20 / med / 1e9:.2f} | "
+        print(f"| {label} | {med * 1e3:.1f} | {percentile(sorted(tot), 0.99) * 1e3:.1f} | {mib * 2**20 / med / 1e9:.2f} | "
               f"{statistics.median(results[name]['lookup_s']) * 1e3:.1f} |")
     med = statistics.median(raw)
     print(f"| (ctxstore client alone: bulk get of the same chunks into one buffer) | {med * 1e3:.1f} | "
-          f"{pctl(raw, 0.99) * 1e3:.1f} | {mib * 2**20 / med / 1e9:.2f} | |")
+          f"{percentile(sorted(raw), 0.99) * 1e3:.1f} | {mib * 2**20 / med / 1e9:.2f} | |")
     speed = statistics.median(results["s3"]["total_s"]) / statistics.median(results["bulk"]["total_s"])
     print(f"\nbulk backend speed-up over S3 (ratio of medians): {speed:.2f}x")
     path = args.plot if args.plot is not None else str(

@@ -56,16 +56,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "integrations"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import vllm_python  # noqa: E402
+from _common import stats, vllm_python  # noqa: E402
 from support.nodes import ACCESS_KEY, SECRET_KEY, make_client, start_node, wait_ready  # noqa: E402
 
 DRIVER = ROOT / "tests" / "integrations" / "vllm_driver.py"
 ANSWER = "DRIVER "
-
-
-def pctl(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
 
 
 class Driver:
@@ -191,7 +186,7 @@ def ttft(args: argparse.Namespace) -> None:
                       ("  of which the load (connector's load_ms)", "load"),
                       ("cold, with the connector (miss + saves)", "cold")):
         values = [row[key] for row in rows]
-        print(f"| {name} | {statistics.median(values) * 1e3:.0f} | {pctl(values, 0.99) * 1e3:.0f} |")
+        print(f"| {name} | {statistics.median(values) * 1e3:.0f} | {stats(values)[1] * 1e3:.0f} |")
     ratios = [row["full"] / row["restored"] for row in rows]
     shares = [row["load"] / row["restored"] for row in rows]
     print(f"\nspeed-up full/restored: median {statistics.median(ratios):.2f}x (per round: "
@@ -286,7 +281,7 @@ def objects(args: argparse.Namespace) -> None:
     print("| objects | count | median ms | p99 ms | GB/s | client CPU ms |\n|---|---:|---:|---:|---:|---:|")
     for name, count in zip(cases, (n, n * layers)):
         med = statistics.median(times[name])
-        print(f"| {name} | {count} | {med * 1e3:.1f} | {pctl(times[name], 0.99) * 1e3:.1f} | "
+        print(f"| {name} | {count} | {med * 1e3:.1f} | {stats(times[name])[1] * 1e3:.1f} | "
               f"{total / med / 1e9:.2f} | {statistics.median(cpu[name]) * 1e3:.0f} |")
     names = list(cases)
     ratio = [b / a for a, b in zip(times[names[0]], times[names[1]])]

@@ -463,10 +463,10 @@ class AsyncContextStore:
 
     async def prefetch_located(self, bucket: str, keys: Sequence[str],
                                found: Sequence[tuple[int, str] | None]) -> int:
-        """The prefetch of a matched prefix, which :meth:`AsyncNamespace.prefetch` and the vLLM and LMCache
-        connectors share: ``found`` is :meth:`locate_keys`'s answer for ``keys``; the blocks it places on a
-        node's flash tier are asked for, and nothing at all when none is there (RAM-only nodes). Returns how
-        many blocks the nodes will read from flash."""
+        """The prefetch of a matched prefix (:meth:`AsyncNamespace.prefetch`): ``found`` is :meth:`locate_keys`'s
+        answer for ``keys``; the blocks it places on a node's flash tier (:func:`flash_resident`, which the vLLM
+        and LMCache connectors use to decide whether to start a prefetch at all) are asked for, and nothing at
+        all when none is there (RAM-only nodes). Returns how many blocks the nodes will read from flash."""
         cold = flash_resident(keys, found)
         return await self.prefetch_keys(bucket, cold) if cold else 0
 

@@ -108,7 +108,7 @@ async def _open_run(call: BulkCall, run: list[Block], *, same_request: bool) -> 
     a 64 KiB save ~6 µs per block). The commit releases it (or the call's end). Room that needs RAM victims
     demoted while the flash queue is full is waited for (bounded), before the run's bytes are read."""
     reservation = call.engine.store.capacity.reserve_run(call.tenant, call.bucket, sum(b.size for b in run),
-                                          sum(b.fixed for b in run), same_request=same_request)
+                                                         sum(b.fixed for b in run), same_request=same_request)
     for block in run:  # before it grows: if no room can be made, the call's end still releases it
         block.reservation, block.shared = reservation, True
     await call.engine.tier.with_write_room(reservation.grow_all)
@@ -202,8 +202,8 @@ class Block:
         """The block's buffer, and its own reservation holding the fixed charge (``whole``: and the payload's).
         No room for it (everything left pinned or in flight, or the flash queue full past --disk-write-wait)
         fails the whole call with SlowDown: nothing is stored."""
-        reservation = self.reservation = call.engine.store.capacity.reserve(call.tenant, call.bucket, self.size, self.fixed,
-                                                             key=self.key, same_request=same_request)
+        reservation = self.reservation = call.engine.store.capacity.reserve(
+            call.tenant, call.bucket, self.size, self.fixed, key=self.key, same_request=same_request)
         await call.engine.tier.with_write_room(lambda: reservation.grow(self.size if whole else 0))
         return self.take_buffer(call)
 

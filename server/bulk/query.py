@@ -17,7 +17,6 @@ from .call import BulkCall
 from .ops import TIER_CODES, frame_reply
 
 
-
 async def query(call: BulkCall) -> Reply:
     request = wire.decode_query_request(await call.read_head("query"), call.max_keys)
     keys = wire.query_keys(request)

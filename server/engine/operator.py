@@ -99,7 +99,7 @@ class Operator:
         if budget is not None:
             config.budget = budget
             now = self.store.clock()
-            self.store.expiry.reap(self.store.clock(), None)
+            self.store.expiry.reap(now, None)
             self.store.buffers.make_room(0)  # kept payload buffers go before any block
             try:
                 self.store.eviction.evict_lru(lambda: self.budget.used <= budget, None, now, None)

@@ -1,6 +1,7 @@
-"""The one prefetch of a matched prefix (``AsyncContextStore.prefetch_located``), which ``Namespace.prefetch``,
-the vLLM connector's scheduler and the LMCache connector all use: it asks the nodes for the blocks a lookup placed
-on flash, and asks nothing when none is there. No node: ``prefetch_keys`` is recorded."""
+"""The prefetch of a matched prefix (``AsyncContextStore.prefetch_located``, which ``Namespace.prefetch`` uses;
+the vLLM connector's scheduler and the LMCache connector pick the same blocks with ``flash_resident``): it asks
+the nodes for the blocks a lookup placed on flash, and asks nothing when none is there. No node:
+``prefetch_keys`` is recorded."""
 
 from __future__ import annotations
 

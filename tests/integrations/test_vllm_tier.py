@@ -4,8 +4,9 @@
 vLLM's ``TieringOffloadingSpec`` refuses CPU workers, so no engine runs: one child process in the vLLM venv
 (tests/integrations/vllm_tier_driver.py; this process never imports vLLM) makes the tier with vLLM's own
 ``SecondaryTierFactory`` from the out-of-tree config (``{"type": "CtxStoreTier", "module_path": ...}``), over the
-``memoryview`` of a primary tier made by vLLM's ``SharedOffloadRegion``, on a real ``OffloadingSpec``, and drives it as vLLM's tiering manager does: lookups
-flushed at each step's end, synthetic ``TransferJob``\\ s, ``get_finished_jobs`` polled per step. It runs every
+``memoryview`` of a primary tier made by vLLM's ``SharedOffloadRegion``, on a real ``OffloadingSpec``, and drives
+it as vLLM's tiering manager does: lookups flushed at each step's end, synthetic ``TransferJob``\\ s,
+``get_finished_jobs`` polled per step; and vLLM's own ``TieringOffloadingManager`` over the tier. It runs every
 case once (vLLM's import costs seconds); the tests below check its report.
 """
 

@@ -1,10 +1,11 @@
 """The scheduler half of the vLLM connector (role SCHEDULER, in the engine core).
 
 ``on_new_request`` starts one bulk ``lookup`` per node for the request's full prompt blocks (keys from
-``request.block_hashes``, :mod:`.keys`), followed by a prefetch of the matched prefix
-(of its blocks on a node's flash tier, :func:`ctxstore.core.flash_resident`), so blocks on a node's flash tier are in RAM when the load
-comes; the lookup's answer waits for the nodes to take the prefetch (they answer at once), not for its reads. ``get_num_new_matched_tokens`` answers from the lookup: the longest prefix present on every rank, past what
-vLLM already holds. A lookup still in flight after ``lookup_wait`` answers ``None`` (vLLM asks again next step);
+``request.block_hashes``, :mod:`.keys`), followed by a prefetch of the matched prefix's blocks on a node's flash
+tier (:func:`ctxstore.core.flash_resident`; none on RAM-only nodes, where nothing is started), so they are in RAM
+when the load comes; the lookup's answer waits for the nodes to take the prefetch (they answer at once), not for
+its reads. ``get_num_new_matched_tokens`` answers from the lookup: the longest prefix present on every rank, past
+what vLLM already holds. A lookup still in flight after ``lookup_wait`` answers ``None`` (vLLM asks again next step);
 one older than the call timeout counts as a miss. Loads are synchronous to the step that needs them (the worker
 finishes them in ``start_load_kv``, before the forward pass). Saves: every step, each scheduled request's blocks
 that became full (and have a hash) and that the lookup did not find, go into the step's metadata. The workers

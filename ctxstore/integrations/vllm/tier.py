@@ -11,11 +11,11 @@ vLLM keeps offloaded chunks in a CPU primary tier and cascades them to secondary
 :class:`CtxStoreTier` runs in the scheduler process, and none of its methods waits on the pod:
 
 * ``lookup`` answers from batched lookups (vLLM's ``AsyncLookupManager``: the step's keys are flushed in
-  ``on_schedule_end`` as one bulk ``lookup`` per node and request, on the manager's thread). Until the answer is in it says
-  RETRY — for at most ``lookup_deadline`` seconds from the key's first lookup, after which the answer is MISS (the
-  lookup thread stops waiting for the batch at that deadline too, keeping the answers of the nodes that were in
-  time; the call runs on to the read timeout, which marks a hung node down): a slow or hung node costs a
-  recompute of its chunks, never a stalled request.
+  ``on_schedule_end`` as one bulk ``lookup`` per node and request, on the manager's thread). Until the answer is
+  in it says RETRY — for at most ``lookup_deadline`` seconds from the key's first lookup, after which the answer
+  is MISS (the lookup thread stops waiting for the batch at that deadline too, keeping the answers of the nodes
+  that were in time; the call runs on to the read timeout, which marks a hung node down): a slow or hung node
+  costs a recompute of its chunks, never a stalled request.
 * ``submit_store`` / ``submit_load`` hand a ``TransferJob`` to the client's event loop: one bulk ``put`` / ``get``
   per node between the job's primary-tier rows (``primary_kv_view``, no copy) and the pod. ``get_finished_jobs``
   reports each job once it ended: ``JobResult(success=False)`` for any chunk that was not stored, or did not come
