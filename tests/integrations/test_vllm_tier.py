@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.faultproxy import FaultProxy, flip
 from support.nodes import ACCESS_KEY, SECRET_KEY, Node, serving, start_node
 from test_vllm_connector import VLLM_PYTHON
 
@@ -36,13 +37,16 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     with serving([start_node(tmp, "--memory", "128MiB", "--default-ttl", "1h", wait=False)
                   for _ in range(2)]) as nodes:
         hung: Node = nodes[1]
+        flipper = FaultProxy(("127.0.0.1", nodes[0].port), [flip("payload", offset=100, path="/get", times=1)])
         env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}  # vLLM's hash seed: the default
         env.update({"CTXSTORE_ACCESS_KEY": ACCESS_KEY, "CTXSTORE_SECRET_KEY": SECRET_KEY,
                     "PYTHONWARNINGS": "ignore", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
         try:
-            out = subprocess.run([str(VLLM_PYTHON), str(DRIVER), ",".join(n.endpoint for n in nodes),
-                                  "tier-" + secrets.token_hex(4), "--hang-pid", str(hung.proc.pid)],
-                                 check=False, capture_output=True, text=True, timeout=240, env=env)
+            with flipper:
+                out = subprocess.run([str(VLLM_PYTHON), str(DRIVER), ",".join(n.endpoint for n in nodes),
+                                      "tier-" + secrets.token_hex(4), "--hang-pid", str(hung.proc.pid),
+                                      "--direct", nodes[0].endpoint, "--proxied", f"http://{flipper.address}"],
+                                     check=False, capture_output=True, text=True, timeout=240, env=env)
         finally:
             os.kill(hung.proc.pid, signal.SIGCONT)
         assert out.returncode == 0, out.stderr[-4000:]
@@ -61,6 +65,9 @@ def test_vllm_loads_the_tier_out_of_tree_and_namespaces_it(report: dict[str, Any
     refused = report["refused"]
     assert refused["unknown option"].startswith("ConfigurationError") and "nodez" in refused["unknown option"]
     assert refused["random hash seed"].startswith("ConfigurationError")  # no PYTHONHASHSEED in the child
+    assert refused["bad nodes"].startswith("ConfigurationError")
+    assert report["refusals_left_threads"] == 0  # a refused tier starts no client thread
+    assert report["loops_closed"]  # shut down: each tier's client loop closed (its selector and wake-up pipe)
 
 
 def test_chunks_round_trip_byte_exact_between_two_primaries(report: dict[str, Any]) -> None:
@@ -77,6 +84,16 @@ def test_a_load_with_missing_chunks_fails_and_names_the_chunks_that_arrived(repo
     assert partial["success"] is False and partial["successful_keys"] == [0, 1]
     assert partial["events"] == []  # the absent chunk: nothing to delete, nothing "removed"
     assert partial["absent_after"] == "MISS"  # mark_miss: vLLM does not retry the doomed chunk
+
+
+def test_a_pending_lookup_survives_a_failed_load_of_its_key(report: dict[str, Any]) -> None:
+    assert report["pending_mark_miss"] == ["HIT", "MISS"]  # the other key's lookup went out with its batch
+
+
+def test_a_load_flipped_on_the_wire_fails_and_leaves_the_good_copy(report: dict[str, Any]) -> None:
+    flipped = report["flipped_load"]
+    assert flipped["stored"] is True and flipped["loaded"] is False
+    assert flipped["kept"] and flipped["removed"] == []  # whole in the pod: not deleted, not "removed"
 
 
 def test_a_stored_copy_that_is_not_whole_fails_and_is_replaced(report: dict[str, Any]) -> None:

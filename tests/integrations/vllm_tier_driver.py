@@ -4,9 +4,10 @@ python. vLLM's tiering spec refuses CPU workers, so no engine is started: the ti
 ``SharedOffloadRegion``, with a real ``OffloadingSpec`` of a real ``OffloadingConfig``, and fed synthetic
 ``TransferJob``\\ s as vLLM's ``TieringOffloadingManager`` would.
 
-``python vllm_tier_driver.py NODES BUCKET --hang-pid PID``
+``python vllm_tier_driver.py NODES BUCKET --hang-pid PID --direct NODE --proxied PROXY``
     Runs every case against the pod at NODES (comma-separated), SIGSTOPs PID (one of the nodes) for the hang
-    case and SIGCONTs it after; prints ``REPORT {json}``: per case what was observed.
+    case and SIGCONTs it after, and loads through PROXY (NODE behind a proxy that flips a get's bytes); prints
+    ``REPORT {json}``: per case what was observed.
 """
 
 from __future__ import annotations
@@ -145,13 +146,17 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
         other.keyspace.namespace() != a.keyspace.namespace())  # type: ignore[attr-defined]
     other.shutdown()
     refused: dict[str, str] = {}
-    for name, options in (("unknown option", {"nodez": nodes}), ("random hash seed", {"hash_algo": "xxhash"})):
+    threads_before = client_threads()
+    for name, where, options in (("unknown option", nodes, {"nodez": nodes}),
+                                 ("random hash seed", nodes, {"hash_algo": "xxhash"}),
+                                 ("bad nodes", "bad:port:x", {})):
         try:
-            make_tier(nodes, bucket, make_primary(None)[1], **options).shutdown()
+            make_tier(where, bucket, make_primary(None)[1], **options).shutdown()
             refused[name] = ""
         except Exception as exc:  # noqa: BLE001
             refused[name] = f"{type(exc).__name__}: {exc}"
     report["refused"] = refused
+    report["refusals_left_threads"] = client_threads() - threads_before  # the client's loop thread, if started
     req = ReqContext(req_id="r1")
 
     # Round trip: A stores 8 chunks; B finds them by lookup and loads them into other rows, byte for byte.
@@ -285,7 +290,52 @@ def run(nodes: str, bucket: str, hang_pid: int) -> dict[str, Any]:
     report["stats"] = stats.reduce() if stats is not None else {}
     for tier in (a, b, c, d):
         tier.shutdown()
+    report["loops_closed"] = all(t.client.loop.is_closed() for t in (a, b, c, d))  # type: ignore[attr-defined]
     return report
+
+
+def client_threads() -> int:
+    import threading
+
+    return sum(t.name == "ctxstore-vllm" for t in threading.enumerate())
+
+
+def pending_mark_miss(nodes: str, bucket: str) -> list[str]:
+    """A load fails for a key whose lookup still waits for its step's flush (pending): the failed chunk's
+    mark_miss must leave it pending, or vLLM's flush asserts and drops the whole batch, the other key with it."""
+    tier = make_tier(nodes, bucket, make_primary(3)[1])
+    present, absent = keys_of("pending-present-" + os.urandom(4).hex(), 1), keys_of("pending-absent", 1)
+    tier.submit_store(job(40, present, [0], ReqContext(req_id="p0"), load=False))
+    finish(tier, {40})
+    req = ReqContext(req_id="p1")
+    assert [tier.lookup(k, req) for k in present + absent] == [LookupResult.RETRY] * 2  # pending: no flush yet
+    tier.submit_load(job(41, absent, [1], req, load=True))
+    finish(tier, {41})  # get_finished_jobs: the failed chunk marked a miss
+    answers = resolve(tier, present + absent, req)[0]
+    tier.shutdown()
+    return answers
+
+
+def flipped_load(direct: str, proxied: str, bucket: str) -> dict[str, Any]:
+    """A chunk whose bytes are flipped on the wire (a fault proxy in front of the node) fails its load, and stays
+    in the pod: the copy there is whole, and good for every other instance."""
+    from ctxstore import ContextStore
+
+    writer = make_tier(direct, bucket, make_primary(5)[1])
+    reader = make_tier(proxied, bucket, make_primary(None)[1])
+    keys, req = keys_of("flipped-" + os.urandom(4).hex(), 1), ReqContext(req_id="f1")
+    writer.submit_store(job(50, keys, [0], req, load=False))
+    stored = finish(writer, {50}).get(50)
+    reader.submit_load(job(51, keys, [0], req, load=True))
+    loaded = finish(reader, {51}).get(51)
+    reader.drain_jobs()  # the check of the failed chunk, after the job's result
+    with ContextStore(direct, threads=1) as store:
+        size = store.lookup_keys(bucket, [reader.object_key(keys[0])])[0]  # type: ignore[attr-defined]
+    out = {"stored": stored.success if stored else None, "loaded": loaded.success if loaded else None,
+           "kept": size == CHUNK, "removed": [e.removed for e in reader.take_events() if e.removed]}
+    for tier in (writer, reader):
+        tier.shutdown()
+    return out
 
 
 def offloading_config(engine: str, nodes: str, bucket: str, *, tp: int = 1, agnostic: bool = True,
@@ -413,11 +463,15 @@ def main() -> None:
     parser.add_argument("nodes")
     parser.add_argument("bucket")
     parser.add_argument("--hang-pid", type=int, required=True)
+    parser.add_argument("--direct", required=True, help="one node, directly")
+    parser.add_argument("--proxied", required=True, help="the same node through a proxy that flips a get's bytes")
     args = parser.parse_args()
     try:
         report = run(args.nodes, args.bucket, args.hang_pid)
         report["real_manager"] = real_manager(args.nodes, args.bucket)
         report["namespaces"] = namespaces(args.nodes, args.bucket)
+        report["pending_mark_miss"] = pending_mark_miss(args.nodes, args.bucket)
+        report["flipped_load"] = flipped_load(args.direct, args.proxied, args.bucket)
         report["hash_check"] = hash_check(args.nodes, args.bucket)
         print("REPORT " + json.dumps(report), flush=True)
     finally:
