@@ -616,10 +616,11 @@ class AsyncContextStore:
         return await staging_module.restore(self._stager(target.device), target, event, fetch)
 
     async def put_keys_staged(self, bucket: str, keys: Sequence[str], blocks: Any, *,
-                              ttl: float | None = None, route: wire.PutRoute | None = None) -> SaveResult:
+                              ttl: float | None = None, if_absent: bool = True,
+                              route: wire.PutRoute | None = None) -> SaveResult:
         """Save blocks from device memory through the staging pool, a chunk at a time: ``blocks`` is a tensor
-        with a block per row, a list of equally sized tensors, or a :class:`staging.Target`. ``route`` as for
-        :meth:`put_keys`."""
+        with a block per row, a list of equally sized tensors, or a :class:`staging.Target`. ``if_absent`` and
+        ``route`` as for :meth:`put_keys`."""
         check_bucket(bucket)
         if not keys:
             return SaveResult()
@@ -629,7 +630,8 @@ class AsyncContextStore:
             arena = byte_view(host)
             views = [arena[i * size:(i + 1) * size] for i in range(count)]
             part = route.select(range(first, first + count)) if route is not None else None
-            return await self.put_keys(bucket, keys[first:first + count], views, ttl=ttl, route=part)
+            return await self.put_keys(bucket, keys[first:first + count], views, ttl=ttl, if_absent=if_absent,
+                                       route=part)
 
         total = SaveResult()
         for r in await staging_module.save(self._stager(source.device), source, event, send):

@@ -74,8 +74,10 @@ class ContextStore:
         return self._loop.run(self._async.get_keys_staged(bucket, keys, ready(out), pin=pin))
 
     def put_keys_staged(self, bucket: str, keys: Sequence[str], blocks: Any, *,
-                        ttl: float | None = None, route: wire.PutRoute | None = None) -> SaveResult:
-        return self._loop.run(self._async.put_keys_staged(bucket, keys, ready(blocks), ttl=ttl, route=route))
+                        ttl: float | None = None, if_absent: bool = True,
+                        route: wire.PutRoute | None = None) -> SaveResult:
+        return self._loop.run(self._async.put_keys_staged(bucket, keys, ready(blocks), ttl=ttl, if_absent=if_absent,
+                                                          route=route))
 
     def keys_op(self, bucket: str, op: str, keys: Sequence[str], *, ttl: float | None = None,
                 seconds: float = 0.0) -> int:

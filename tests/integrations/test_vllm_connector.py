@@ -171,6 +171,7 @@ class FaultProxy:
         self.mode = "pass"
         self.on_get: Callable[[], None] | None = None
         self.gets = 0
+        self.ops: dict[bytes, int] = {}  # bulk calls seen, by operation
         self.bad: set[str] = set()
         self.spoiled = 0  # payloads sent with a flipped byte
         self.loop = asyncio.new_event_loop()
@@ -204,6 +205,7 @@ class FaultProxy:
             while True:
                 first, head, body = await self._read_message(reader)
                 op = first.split(b" ")[1].rsplit(b"/", 1)[-1]
+                self.ops[op] = self.ops.get(op, 0) + 1
                 is_get = op == b"get"
                 mode = self.mode if is_get else "pass"
                 if is_get:
@@ -422,6 +424,9 @@ def test_prefix_saved_by_one_vllm_is_restored_by_another(pod: list[Node], proxie
                 while proxy.bad and time.monotonic() < deadline:
                     time.sleep(0.1)
                 assert not proxy.bad, "the recomputed block was not saved again: the node keeps its bad copy"
+                # It replaced the bad copy in one put: no delete first, which left the key missing for other
+                # instances' lookups until the put landed (a request in that moment found a shorter prefix).
+                assert proxy.ops.get(b"delete", 0) == 0
                 proxy.mode = "pass"
                 mended = b.generate(request)
                 assert mended["tokens"] == expected

@@ -127,7 +127,7 @@ class Transfer:
     block_ids: list[int]
     block_hashes: list[bytes]
     cache_salt: str | None
-    replace: bool = False  # a save of blocks whose stored copies failed to load: delete those first
+    replace: bool = False  # a save of blocks whose stored copies failed to load: it replaces them
 
 
 @dataclass

@@ -213,17 +213,12 @@ class CtxStoreWorker:
     async def _put(self, keys: list[str], source: Any, *, replace: bool) -> SaveResult:
         """``source``: the staged copy marked ready (through the staging pool), or one byte view per block."""
         store, bucket = self.client.store, self.config.bucket
-        if replace:
-            # A put leaves a live key as it is, and this key's stored copy failed to load (it may be bad on its
-            # node, for every later request too): it goes first. One delete for the few blocks of a failed load.
-            try:
-                await store.keys_op(bucket, "delete", keys)
-            except Exception as exc:  # noqa: BLE001  (the put then keeps the old copy: a future load error)
-                log.warning("ctxstore: the copies of %d blocks that failed to load were not deleted: %s",
-                            len(keys), exc)
+        # A put leaves a live key as it is; ``replace``: these keys' stored copies failed to load (one may be bad
+        # on its node, for every later request too), so the recomputed blocks replace them, each in one commit
+        # on its node: no moment where another instance's lookup finds the key gone.
         if self._staged:
-            return await store.put_keys_staged(bucket, keys, source, ttl=self.config.ttl)
-        return await store.put_keys(bucket, keys, source, ttl=self.config.ttl)
+            return await store.put_keys_staged(bucket, keys, source, ttl=self.config.ttl, if_absent=not replace)
+        return await store.put_keys(bucket, keys, source, ttl=self.config.ttl, if_absent=not replace)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         with self._lock:
